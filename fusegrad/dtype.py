@@ -21,7 +21,8 @@ class DType:
   _scalar: DType | None = None
 
   def __repr__(self) -> str: return f"dtypes.{self.name}"
-  def __reduce__(self): return (_dtype_by_name, (self.name,))
+  def __reduce__(self): return (_vector, (self._scalar, self.count)) if self._scalar is not None else \
+      (_dtype_by_name, (self.name,))
 
   @property
   def scalar(self) -> DType: return self._scalar if self._scalar is not None else self
@@ -43,6 +44,7 @@ class PtrDType(DType):
   base: DType = None  # type: ignore[assignment]
   local: bool = False
   def __repr__(self) -> str: return f"{self.base!r}.ptr({'local=True' if self.local else ''})"
+  def __reduce__(self): return (_pointer, (self.base, self.local))
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +52,7 @@ class ImageDType(PtrDType):
   """A 2D image of RGBA pixels (the seed's image buffers): `shape` is (height, width, 4)."""
   shape: tuple[int, ...] = ()
   def __repr__(self) -> str: return f"dtypes.image{self.base.name}({', '.join(map(str, self.shape))})"
+  def __reduce__(self): return (image_dtype, (self.base, self.shape))
 
 
 _VECTOR_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_", "float64": "double", "int32": "int",

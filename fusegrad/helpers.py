@@ -123,6 +123,7 @@ class GlobalCounters:
   time_sum_s: ClassVar[float] = 0.0
   compile_count: ClassVar[int] = 0
   compile_time_s: ClassVar[float] = 0.0
+  mem_used: ClassVar[int] = 0   # bytes held by allocated Buffers now; not reset
 
   @classmethod
   def reset(cls) -> None:

@@ -97,7 +97,8 @@ def fold_div(x: UOp, c: UOp) -> UOp | None:
                                                 c.const_like(c.arg // g)))
   else: rem_div = UOp(Ops.IDIV, x.dtype, (rem, c))
   if not quot and qconst == 0: return rem_div
-  return build_sum({**quot, rem_div: 1}, qconst, x)
+  # rem//c may already be a quotient term: ((b//3)*6 + b)//3 -> (b//3)*2 + b//3 = (b//3)*3
+  return build_sum({**quot, rem_div: quot.get(rem_div, 0) + 1}, qconst, x)
 
 
 def fold_mod(x: UOp, c: UOp) -> UOp | None:

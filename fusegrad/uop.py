@@ -23,7 +23,9 @@ class Ops(Enum):
   SPECIAL = auto(); LOOP = auto(); END = auto(); IF = auto(); BARRIER = auto(); BIND = auto()  # noqa: E702
   # memory and values
   LOAD = auto(); STORE = auto(); CONST = auto(); PHI = auto(); CAST = auto(); BITCAST = auto()  # noqa: E702
-  GEP = auto(); VECTORIZE = auto(); WMMA = auto(); REDUCE = auto()  # noqa: E702
+  GEP = auto(); VECTORIZE = auto(); WMMA = auto(); REDUCE = auto(); VIEW = auto()  # noqa: E702
+  # lazy graph only: a realized buffer, a device copy, a forced realization, uninitialised memory
+  BUFFER = auto(); COPY = auto(); CONTIGUOUS = auto(); EMPTY = auto()  # noqa: E702
   # ALU: unary
   NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()  # noqa: E702
   # ALU: binary
@@ -65,6 +67,13 @@ class SpecialArg:
   """SPECIAL: a hardware index, `name` like gidx0 / lidx1, taking values in [0, size)."""
   name: str
   dim: int
+  size: int
+
+
+@dataclass(frozen=True)
+class LocalArg:
+  """DEFINE_LOCAL: a shared-memory array `name` of `size` elements."""
+  name: str
   size: int
 
 

@@ -1,0 +1,91 @@
+"""Hand-coded optimizations: good default Opts for a kernel without any search.
+
+The rules, in order: split a big reduce across a thread block when the output is small (GROUPTOP, devices with
+thread blocks); upcast axes that some input broadcasts (stride 0: the register tiling of matmul and conv); unroll a
+short or divisible reduce; upcast the output's unit-stride axis by 4 so loads and stores become float4; and on
+devices with thread blocks, give each block up to 128 threads along the global axes.
+"""
+from __future__ import annotations
+from fusegrad.helpers import prod
+from fusegrad.codegen.kernel import Kernel, Opt, OptOps, KernelOptError
+
+
+def _try(k: Kernel, opt: Opt) -> bool:
+  try:
+    k.apply_opt(opt)
+    return True
+  except KernelOptError:
+    return False
+
+
+def _int(x) -> int | None: return x if isinstance(x, int) else None
+
+
+def hand_coded_optimizations(k: Kernel) -> Kernel:
+  if k.opts.has_local and k.reduceop is not None: _group_small_output(k)
+  if k.reduceop is not None and k.group_for_reduces == 0: _upcast_broadcast_axes(k)
+  if k.reduceop is not None and k.group_for_reduces == 0: _unroll_reduce(k)
+  _upcast_output(k)
+  if k.opts.has_local and not k.dont_use_locals: _add_locals(k)
+  return k
+
+
+def _group_small_output(k: Kernel) -> None:
+  """Few outputs, long reduce: split the reduce across 256 threads, each starting far apart (GROUPTOP)."""
+  out_size = prod(_int(s) or 1 << 20 for s in k.full_shape[:k.first_reduce])
+  reduce_axis = k.first_upcast - 1
+  if reduce_axis < k.first_reduce or out_size > 2048: return
+  size = _int(k.full_shape[reduce_axis])
+  if size is None or size < 256: return
+  for amount in (256, 128, 64, 32, 16):
+    if size % amount == 0 and _try(k, Opt(OptOps.GROUPTOP, reduce_axis - k.first_reduce, amount)): return
+
+
+def _upcast_broadcast_axes(k: Kernel) -> None:
+  """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast)."""
+  for _ in range(2):
+    if k.upcast_size() >= 16: return
+    candidates = []
+    for axis in range(k.first_reduce):
+      size = _int(k.full_shape[axis])
+      if size is None or size % 4 != 0 or size <= 4 and axis < k.global_dims and size < 4: continue
+      broadcast = any(st.real_strides()[axis] == 0 for st in k.sts[1:])
+      if broadcast: candidates.append(axis)
+    if not candidates: return
+    if not _try(k, Opt(OptOps.UPCAST, candidates[-1], 4)): return
+
+
+def _unroll_reduce(k: Kernel) -> None:
+  """Unroll the innermost reduce loop: fully when short, else by 4."""
+  if k.first_upcast - k.first_reduce <= 0: return
+  axis = k.first_upcast - 1 - k.first_reduce
+  size = _int(k.full_shape[k.first_upcast - 1])
+  if size is None: return
+  if size <= 8 and k.upcast_size() * size <= 64:
+    _try(k, Opt(OptOps.UNROLL, axis, size))
+  elif size % 4 == 0 and k.upcast_size() <= 16:
+    _try(k, Opt(OptOps.UNROLL, axis, 4))
+
+
+def _upcast_output(k: Kernel) -> None:
+  """Upcast the axis along which the output is contiguous by 4 (float4 stores)."""
+  if k.upcast_size() >= 32 or k.first_reduce == 0: return
+  strides = k.sts[0].real_strides()
+  for axis in range(k.first_reduce - 1, -1, -1):
+    size = _int(k.full_shape[axis])
+    if strides[axis] == 1 and size is not None and size % 4 == 0 and size > 4:
+      _try(k, Opt(OptOps.UPCAST, axis, 4))
+      return
+
+
+def _add_locals(k: Kernel) -> None:
+  """Threads per block along the global axes, innermost first, up to 128 in total."""
+  budget = 128 // max(1, prod(_int(s) or 1 for s in k.full_shape[k.global_dims:k.first_reduce + k.group_for_reduces]))
+  for axis in range(k.global_dims - 1, -1, -1):
+    size = _int(k.full_shape[axis])
+    if size is None: continue
+    for amount in (32, 16, 8, 4, 2):
+      if amount <= budget and size % amount == 0 and size > amount and _try(k, Opt(OptOps.LOCAL, axis, amount)):
+        budget //= amount
+        break
+    if budget < 2: return

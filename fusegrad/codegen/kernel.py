@@ -1,0 +1,226 @@
+"""The Kernel: one scheduled AST plus its iteration space, and the Opts that reshape that space.
+
+Every memory access of the AST (each LOAD, STORE and CONST view) has a ShapeTracker; all of them share one axis
+list, `full_shape`. Axes are ordered `[global | local | group-for-reduce | reduce loops | upcast]`, where the upcast
+tail holds both upcast output axes and unrolled reduce axes. An `Opt` splits an axis (`shift_to`) and moves the new
+inner part into one of those regions; the linearizer turns the final layout into loops, thread indices and unrolls.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from enum import Enum, auto
+from fusegrad.helpers import prod, dedup
+from fusegrad.dtype import dtypes
+from fusegrad.uop import UOp, Ops
+from fusegrad.shape.shapetracker import ShapeTracker
+from fusegrad.renderer.cstyle import Renderer
+
+
+class OptOps(Enum):
+  UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); LASTLOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
+  NOLOCALS = auto(); PADTO = auto(); TC = auto()  # noqa: E702
+
+  def __repr__(self) -> str: return f"OptOps.{self.name}"
+
+
+@dataclass(frozen=True)
+class Opt:
+  """One optimization step: `op` applied to `axis` (counted in the region the op acts on) with `amount`."""
+  op: OptOps
+  axis: int | None = None
+  amount: int | None = None
+
+  def __repr__(self) -> str: return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+
+class KernelOptError(ValueError):
+  """An Opt that does not fit this kernel (bad axis, amount not dividing the axis, no locals on this device...)."""
+
+
+def _check(cond: bool, msg: str) -> None:
+  if not cond: raise KernelOptError(msg)
+
+
+class Kernel:
+  """The iteration space of one kernel AST and the opts applied to it."""
+
+  def __init__(self, ast: UOp, opts: Renderer):
+    if ast.op is not Ops.SINK: raise TypeError(f"Kernel: expected a SINK ast, got {ast.op}")
+    self.ast, self.opts = ast, opts
+    nodes = ast.toposort()
+    self.bufs: list[UOp] = sorted(dedup(n for n in nodes if n.op is Ops.DEFINE_GLOBAL), key=lambda b: b.arg)
+    stores = [n for n in nodes if n.op is Ops.STORE]
+    others = [n for n in nodes if n.op in (Ops.LOAD, Ops.CONST) and n.src]
+    # access 0 is the (first) store: its shape is the output shape
+    self.accesses: list[UOp] = stores + others
+    self.sts: list[ShapeTracker] = [a.src[1].arg if a.op is not Ops.CONST else a.src[0].arg for a in self.accesses]
+    reduces = [n for n in nodes if n.op is Ops.REDUCE]
+    if len(reduces) > 1: raise NotImplementedError("Kernel: one REDUCE per kernel is supported")
+    self.reduceop: UOp | None = reduces[0] if reduces else None
+    self.vars: list[UOp] = sorted({v for st in self.sts for v in st.vars()}, key=lambda v: v.arg.name)
+    self.local_dims = 0
+    self.group_for_reduces = 0
+    self.upcasted = 0
+    self.dont_use_locals = not opts.has_local
+    self.applied_opts: list[Opt] = []
+    self.tensor_core = None
+    # reduce axes last, then drop size-1 axes and merge what can be merged
+    reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
+    self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
+    self.simplify_ones()
+    self.simplify_merge_adjacent()
+
+  # ***** the layout *****
+  @property
+  def shape_len(self) -> int: return len(self.sts[0].shape)
+  @property
+  def output_shape(self) -> tuple: return self.sts[0].shape
+
+  @property
+  def full_shape(self) -> tuple:
+    out = []
+    for i in range(self.shape_len):
+      sizes = [st.shape[i] for st in self.sts if not (isinstance(st.shape[i], int) and st.shape[i] == 1)]
+      out.append(sizes[0] if sizes else 1)
+    return tuple(out)
+
+  def _is_reduce_axis(self, i: int) -> bool:
+    return self.output_shape[i] == 1 and not (isinstance(self.full_shape[i], int) and self.full_shape[i] == 1)
+
+  @property
+  def first_reduce(self) -> int:
+    for i in range(self.shape_len - self.upcasted):
+      if self._is_reduce_axis(i): return i
+    return self.shape_len - self.upcasted
+
+  @property
+  def global_dims(self) -> int: return self.first_reduce - self.local_dims
+  @property
+  def first_upcast(self) -> int: return self.shape_len - self.upcasted
+
+  def upcasted_axes(self) -> list[int]: return list(range(self.first_upcast, self.shape_len))
+  def unrolled_axes(self) -> list[int]: return [i for i in self.upcasted_axes() if self._is_reduce_axis(i)]
+
+  def colors(self) -> list[str]:
+    """One color per axis, as DEBUG prints it: blue global, cyan local, green group, red reduce, yellow/magenta upcast."""
+    out = ["blue"] * self.global_dims + ["cyan"] * self.local_dims + ["green"] * self.group_for_reduces
+    out += ["red"] * (self.first_upcast - self.first_reduce - self.group_for_reduces)
+    out += ["magenta" if self._is_reduce_axis(i) else "yellow" for i in self.upcasted_axes()]
+    return out
+
+  @property
+  def name(self) -> str:
+    return ("r_" if self.reduceop is not None else "E_") + "_".join(
+      str(s) if isinstance(s, int) else s.render() for s in self.full_shape)
+
+  # ***** reshaping every access together *****
+  def reshape_and_permute(self, new_shape_fn, axis: list[int] | None) -> None:
+    new_sts = []
+    for st in self.sts:
+      if new_shape_fn is not None: st = st.reshape(tuple(new_shape_fn(st.shape)))
+      if axis is not None: st = st.permute(tuple(axis))
+      new_sts.append(st)
+    self.sts = new_sts
+
+  def shift_to(self, axis: int, amount: int, top: bool = False, insert_before: int | None = None) -> None:
+    """Split `axis` into (size/amount, amount) (or (amount, size/amount) when top) and move the `amount` part
+    before `insert_before` (the end when None)."""
+    if insert_before is None: insert_before = self.shape_len
+    move_axis = axis if top else axis + 1
+    if move_axis < insert_before: insert_before += 1
+
+    def split(shape):
+      s = shape[axis]
+      parts = (1, 1) if s == 1 else ((amount, s // amount) if top else (s // amount, amount))
+      return shape[:axis] + parts + shape[axis + 1:]
+    # insert_before counts axes after the split; removing move_axis first shifts later positions down by one
+    order = [i for i in range(self.shape_len + 1) if i != move_axis]
+    order.insert(insert_before - 1 if move_axis < insert_before else insert_before, move_axis)
+    self.reshape_and_permute(split, order)
+
+  def simplify_ones(self) -> None:
+    """Drop axes that are 1 in every access (keeping the region counts right)."""
+    full = self.full_shape
+    ones = [i for i, s in enumerate(full) if isinstance(s, int) and s == 1]
+    if not ones: return
+    self.upcasted -= sum(1 for i in ones if i >= self.first_upcast)
+    self.local_dims -= sum(1 for i in ones if self.global_dims <= i < self.first_reduce)
+    self.reshape_and_permute(lambda shape: tuple(s for i, s in enumerate(shape) if i not in ones), None)
+
+  def simplify_merge_adjacent(self) -> None:
+    """Merge neighbouring axes of the same kind when every access can be reshaped without a new view."""
+    i = 0
+    while i < self.first_upcast - 1:
+      same_kind = self._is_reduce_axis(i) == self._is_reduce_axis(i + 1)
+      if same_kind and (i + 1 != self.first_reduce) and self._try_merge(i):
+        continue
+      i += 1
+
+  def _try_merge(self, i: int) -> bool:
+    new_sts = []
+    for st in self.sts:
+      shape = st.shape
+      merged = st.reshape(shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:])
+      if len(merged.views) > len(st.views): return False
+      new_sts.append(merged)
+    self.sts = new_sts
+    return True
+
+  # ***** opts *****
+  def apply_opt(self, opt: Opt) -> None:
+    """Apply one Opt; raise KernelOptError (and leave the kernel unchanged) when it does not fit."""
+    saved = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.dont_use_locals)
+    try:
+      self._apply_opt(opt)
+    except KernelOptError:
+      self.sts, self.local_dims, self.group_for_reduces, self.upcasted, self.dont_use_locals = saved
+      raise
+    self.applied_opts.append(opt)
+
+  def _real_axis(self, opt: Opt) -> int:
+    if opt.op in (OptOps.UNROLL,): base, count = self.first_reduce + self.group_for_reduces, \
+        self.first_upcast - self.first_reduce - self.group_for_reduces
+    elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP): base, count = self.first_reduce + self.group_for_reduces, \
+        self.first_upcast - self.first_reduce - self.group_for_reduces
+    elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL): base, count = 0, self.global_dims
+    else: base, count = 0, self.first_reduce
+    _check(opt.axis is not None and 0 <= opt.axis < count,
+           f"{opt}: axis must be in [0, {count}) for {opt.op.name} on a kernel of shape {self.full_shape}")
+    return base + opt.axis
+
+  def _apply_opt(self, opt: Opt) -> None:
+    if opt.op is OptOps.NOLOCALS:
+      _check(self.local_dims == 0 and self.group_for_reduces == 0, f"{opt}: locals are already in use")
+      self.dont_use_locals = True
+      return
+    axis = self._real_axis(opt)
+    size = self.full_shape[axis]
+    _check(isinstance(size, int), f"{opt}: axis {axis} has symbolic size {size}")
+    amount = opt.amount if opt.amount else size
+    _check(amount > 1 and size % amount == 0, f"{opt}: amount {amount} must be > 1 and divide axis size {size}")
+    if opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+      _check(self.opts.has_local and not self.dont_use_locals, f"{opt}: this kernel/device has no thread blocks")
+    if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
+      _check(amount <= 32, f"{opt}: upcast amount {amount} is too large (at most 32)")
+      _check(prod(self.full_shape[i] for i in self.upcasted_axes()) * amount <= 256,
+             f"{opt}: more than 256 upcasted elements")
+      self.shift_to(axis, amount, insert_before=None)
+      self.upcasted += 1
+    elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
+      _check(prod(self.full_shape[self.global_dims:self.first_reduce]) * amount <= self.opts.local_max_threads,
+             f"{opt}: more than {self.opts.local_max_threads} threads per block")
+      self.shift_to(axis, amount, top=opt.op is OptOps.LOCAL, insert_before=self.first_reduce)
+      self.local_dims += 1
+    elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
+      _check(self.reduceop is not None and self.group_for_reduces == 0, f"{opt}: needs a reduce, grouped once")
+      _check(amount <= self.opts.local_max_threads, f"{opt}: group of {amount} exceeds the block size limit")
+      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP, insert_before=self.first_reduce + self.group_for_reduces)
+      self.group_for_reduces += 1
+    else:
+      raise KernelOptError(f"{opt}: {opt.op.name} is not supported on this kernel")
+    self.simplify_ones()
+
+  # ***** helpers for heuristics *****
+  def upcast_size(self) -> int: return int(prod(self.full_shape[i] for i in self.upcasted_axes()))
+
+  def __repr__(self) -> str:
+    return f"<Kernel {self.name} full_shape={self.full_shape} opts={self.applied_opts}>"

@@ -1,0 +1,476 @@
+"""Lowering a Kernel to a flat list of UOps, in named steps.
+
+1. `index_uops`: one index per axis: SPECIAL thread/block ids (devices with thread blocks) or LOOPs (CPU), LOOPs for
+   reduce axes; upcast axes are unrolled, so every value is a list with one UOp per upcast "lane".
+2. `lower_ast`: the AST becomes that lane-wise UOp graph: LOADs with indices from each access' ShapeTracker (gated
+   where a view has a mask, float4 where an upcast axis has unit stride and alignment is proven), ALUs, a REDUCE
+   as DEFINE_ACC + PHI updates (through a shared-memory buffer, BARRIER and IF gate for grouped reduces), STOREs.
+3. `symbolic` rewrite: constant folding and index simplification over the whole graph.
+4. `linearize_graph`: place every node in the innermost loop/IF block it depends on (so loop-invariant code moves
+   out of loops) and order blocks and nodes topologically; END closes each block.
+`verify_uops` checks the invariants of the result.
+"""
+from __future__ import annotations
+import math
+import itertools
+from dataclasses import dataclass
+from fusegrad.helpers import prod
+from fusegrad.dtype import DType, dtypes
+from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg
+from fusegrad.rewrite import graph_rewrite
+from fusegrad.symbolic import symbolic, simplify
+from fusegrad.codegen.kernel import Kernel
+
+
+@dataclass
+class LinearProgram:
+  """The result of linearization: what the renderer and the runtime need."""
+  name: str
+  uops: list[UOp]
+  global_size: tuple[int, ...] | None      # launch grid for devices with thread blocks
+  local_size: tuple[int, ...] | None
+  vars: list[UOp]                          # DEFINE_VARs, in parameter order
+  buf_count: int
+  op_estimate: int = 0
+  mem_estimate: int = 0
+
+
+# ***** step 1: indices *****
+
+def _grouped_specials(prefix: str, sizes: list, max_dims: int, first: int) -> list[UOp]:
+  """SPECIAL ids for `sizes`, folding leading axes together when there are more than `max_dims` of them."""
+  if not sizes: return []
+  if len(sizes) > max_dims:
+    folded = [prod(sizes[:len(sizes) - max_dims + 1])] + list(sizes[len(sizes) - max_dims + 1:])
+  else:
+    folded = list(sizes)
+  specials = [UOp(Ops.SPECIAL, dtypes.index, (), SpecialArg(f"{prefix}{first + i}", len(folded) - 1 - i, s))
+              for i, s in enumerate(folded)]
+  if len(folded) == len(sizes): return specials
+  # unravel the folded id back into the original leading axes
+  lead = sizes[:len(sizes) - max_dims + 1]
+  out, rest = [], specials[0]
+  for s in reversed(lead[1:]):
+    out.append(rest % s)
+    rest = rest // s
+  out.append(rest)
+  return out[::-1] + specials[1:]
+
+
+class Lowerer:
+  """Builds the lane-wise UOp graph of one Kernel (step 2)."""
+
+  def __init__(self, k: Kernel):
+    self.k = k
+    self.opts = k.opts
+    self.full_shape = k.full_shape
+    self.up_axes = k.upcasted_axes()
+    self.up_sizes = [self.full_shape[i] for i in self.up_axes]
+    self.lanes = list(itertools.product(*[range(s) for s in self.up_sizes]))
+    self.buf_uops = {b.arg: b for b in k.bufs}
+    self.load_cache: dict[tuple, list[UOp]] = {}
+    self.acc_count = 0
+
+  # ***** index variables *****
+  def make_indices(self) -> list[UOp | None]:
+    k, fs = self.k, self.full_shape
+    idxs: list[UOp | None] = [None] * k.shape_len
+    gsizes = list(fs[:k.global_dims])
+    lsizes = list(fs[k.global_dims:k.first_reduce + k.group_for_reduces])
+    self.outer_blocks: tuple[UOp, ...] = ()
+    if self.opts.has_local:
+      gids = _grouped_specials("gidx", gsizes, 3, 0)
+      lids = _grouped_specials("lidx", lsizes, 3, 0) if not k.dont_use_locals else []
+      if k.dont_use_locals and lsizes: raise AssertionError("locals on a kernel with NOLOCALS")
+      idxs[:k.global_dims] = gids
+      idxs[k.global_dims:k.first_reduce + k.group_for_reduces] = lids
+    else:
+      parent: UOp | None = None
+      for i, s in enumerate(gsizes):
+        parent = self.loop(f"gidx{i}", s, parent)
+        idxs[i] = parent
+      self.outer_blocks = (parent,) if parent is not None else ()
+    self.global_idxs = idxs[:k.global_dims]
+    return idxs
+
+  def loop(self, name: str, size, parent: UOp | None) -> UOp:
+    end = size if isinstance(size, UOp) else UOp.const(dtypes.index, size)
+    src = (UOp.const(dtypes.index, 0), end) + ((parent,) if parent is not None else ())
+    return UOp(Ops.LOOP, dtypes.index, src, name)
+
+  def lane_indices(self, base: list[UOp | None], lane: tuple[int, ...], zero_reduce: bool) -> list[UOp]:
+    idxs = list(base)
+    for ax, v in zip(self.up_axes, lane):
+      idxs[ax] = UOp.const(dtypes.index, 0 if zero_reduce and self.k._is_reduce_axis(ax) else v)
+    return [UOp.const(dtypes.index, 0) if i is None else i for i in idxs]
+
+  # ***** memory *****
+  def vector_axis(self, st, dtype: DType) -> tuple[int, int] | None:
+    """The upcast axis (position in lanes) and width for float4/float2 access of this view, if one fits."""
+    if not self.opts.supports_float4 or dtype not in self.opts.vector_dtypes: return None
+    strides = st.real_strides()
+    for j, ax in enumerate(self.up_axes):
+      size = self.full_shape[ax]
+      if st.shape[ax] != size or strides[ax] != 1: continue
+      for width in (4, 2):
+        if size % width == 0: return j, width
+    return None
+
+  def group_lanes(self, vec: tuple[int, int] | None, lanes: list[tuple[int, ...]]):
+    """Lanes grouped by vector: each group is the lanes one vector access covers (a single lane when scalar)."""
+    if vec is None: return [[ln] for ln in lanes]
+    j, width = vec
+    groups: dict[tuple, list] = {}
+    for ln in lanes:
+      key = ln[:j] + (ln[j] - ln[j] % width,) + ln[j + 1:]
+      groups.setdefault(key, []).append(ln)
+    return [sorted(g, key=lambda ln: ln[j]) for g in groups.values()]
+
+  def load(self, access: UOp, st, buf: UOp, base_idxs, zero_reduce: bool, barrier: UOp | None = None) -> list[UOp]:
+    """One UOp per lane for a LOAD through view `st`; vector loads where possible, gated where the view is masked."""
+    dtype = access.dtype
+    out: dict[tuple, UOp] = {}
+    lanes = sorted(set(self.lane_key(ln, zero_reduce) for ln in self.lanes))
+    vec = self.vector_axis(st, dtype)
+    for group in self.group_lanes(vec, lanes):
+      accesses = [st.expr_idxs(self.lane_indices(base_idxs, ln, zero_reduce)) for ln in group]
+      if len(group) > 1 and not self.can_vectorize(accesses, len(group)):
+        for ln, acc in zip(group, accesses): out[ln] = self.emit_load(buf, acc, dtype, barrier)
+        continue
+      if len(group) == 1:
+        out[group[0]] = self.emit_load(buf, accesses[0], dtype, barrier)
+        continue
+      vload = self.emit_load(buf, accesses[0], dtype.vec(len(group)), barrier)
+      for i, ln in enumerate(group): out[ln] = UOp(Ops.GEP, dtype, (vload,), i)
+    return [out[self.lane_key(ln, zero_reduce)] for ln in self.lanes]
+
+  def lane_key(self, ln: tuple[int, ...], zero_reduce: bool) -> tuple[int, ...]:
+    if not zero_reduce: return ln
+    return tuple(0 if self.k._is_reduce_axis(ax) else v for ax, v in zip(self.up_axes, ln))
+
+  def can_vectorize(self, accesses: list[tuple[UOp, UOp]], width: int) -> bool:
+    (idx0, valid0) = accesses[0]
+    if any(v is not valid0 for _, v in accesses): return False
+    if simplify(idx0 % width).op is not Ops.CONST or simplify(idx0 % width).arg != 0: return False
+    return all(simplify(idx - idx0).op is Ops.CONST and simplify(idx - idx0).arg == i
+               for i, (idx, _) in enumerate(accesses))
+
+  def emit_load(self, buf: UOp, access: tuple[UOp, UOp], dtype: DType, barrier: UOp | None) -> UOp:
+    idx, valid = access
+    alt = UOp.const(dtype.scalar, 0)
+    alt = alt if dtype.count == 1 else UOp(Ops.VECTORIZE, dtype, (alt,) * dtype.count)
+    if valid.op is Ops.CONST and not valid.arg: return alt
+    extra = (barrier,) if barrier is not None else ()
+    if valid.op is Ops.CONST: return UOp(Ops.LOAD, dtype, (buf, idx) + extra)
+    return UOp(Ops.LOAD, dtype, (buf, idx, valid, alt) + extra)
+
+  def store(self, st, buf: UOp, base_idxs, values: list[UOp], zero_reduce: bool, extra=()) -> list[UOp]:
+    lanes = sorted(set(self.lane_key(ln, zero_reduce) for ln in self.lanes))
+    by_lane = dict(zip(self.lanes, values))
+    dtype = values[0].dtype
+    vec = self.vector_axis(st, dtype)
+    stores = []
+    for group in self.group_lanes(vec, lanes):
+      accesses = [st.expr_idxs(self.lane_indices(base_idxs, ln, zero_reduce)) for ln in group]
+      for _, valid in accesses:
+        if not (valid.op is Ops.CONST and valid.arg): raise AssertionError("stores are always valid")
+      if len(group) > 1 and self.can_vectorize(accesses, len(group)):
+        value = UOp(Ops.VECTORIZE, dtype.vec(len(group)), tuple(by_lane[ln] for ln in group))
+        stores.append(UOp(Ops.STORE, dtypes.void, (buf, accesses[0][0], value) + extra))
+      else:
+        stores.extend(UOp(Ops.STORE, dtypes.void, (buf, a[0], by_lane[ln]) + extra) for ln, a in zip(group, accesses))
+    return stores
+
+  # ***** the AST *****
+  def lower(self) -> UOp:
+    k = self.k
+    idxs = self.make_indices()
+    self.values: dict[UOp, list[UOp]] = {}
+    reduce_result: list[UOp] | None = None
+    gate: UOp | None = None
+    if k.reduceop is not None:
+      reduce_result, gate, idxs = self.lower_reduce(k.reduceop, idxs)
+      self.values[k.reduceop] = reduce_result
+    stores: list[UOp] = []
+    for access in k.accesses:
+      if access.op is not Ops.STORE: continue
+      st = k.sts[k.accesses.index(access)]
+      vals = self.lower_node(access.src[2], idxs, zero_reduce=True)
+      stores += self.store(st, access.src[0], idxs, vals, zero_reduce=True, extra=(gate,) if gate is not None else ())
+    return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+  def lower_node(self, root: UOp, idxs, zero_reduce: bool, barrier: UOp | None = None) -> list[UOp]:
+    """Lane-wise UOps of an AST subgraph (stopping at an already lowered REDUCE)."""
+    for node in root.toposort():
+      if node in self.values: continue
+      if node.op is Ops.REDUCE: raise AssertionError("REDUCE must be lowered before its consumers")
+      if node.op in (Ops.VIEW, Ops.DEFINE_GLOBAL): continue
+      self.values[node] = self.lower_one(node, idxs, zero_reduce, barrier)
+    return self.values[root]
+
+  def lower_one(self, node: UOp, idxs, zero_reduce: bool, barrier) -> list[UOp]:
+    k = self.k
+    if node.op is Ops.LOAD:
+      st = k.sts[k.accesses.index(node)]
+      return self.load(node, st, node.src[0], idxs, zero_reduce, barrier)
+    if node.op is Ops.CONST:
+      st = k.sts[k.accesses.index(node)] if node.src else None
+      c = UOp.const(node.dtype, node.arg)
+      if st is None: return [c] * len(self.lanes)
+      out = []
+      for ln in self.lanes:
+        _, valid = st.expr_idxs(self.lane_indices(idxs, self.lane_key(ln, zero_reduce), zero_reduce))
+        out.append(c if valid.op is Ops.CONST and valid.arg else valid.where(c, UOp.const(node.dtype, 0)))
+      return out
+    srcs = [self.values[s] for s in node.src]
+    if node.op in GroupOp.ALU: return [UOp(node.op, node.dtype, tuple(v)) for v in zip(*srcs)]
+    if node.op in (Ops.CAST, Ops.BITCAST): return [UOp(node.op, node.dtype, (v,)) for v in srcs[0]]
+    raise NotImplementedError(f"lower: no lowering for {node.op} in a kernel AST")
+
+  # ***** reduce *****
+  def reduce_identity(self, op: Ops, dtype: DType) -> UOp:
+    if op is Ops.ADD: return UOp.const(dtype, 0)
+    return UOp.const(dtype, -math.inf if dtypes.is_float(dtype) else dtypes.min(dtype))
+
+  def accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple) -> dict:
+    """DEFINE_ACC per output lane, updated through PHI by every lane's value (in lane order)."""
+    accs: dict[tuple, UOp] = {}
+    for key in dict.fromkeys(lanes_to_acc.values()):
+      accs[key] = UOp(Ops.DEFINE_ACC, dtype, (self.reduce_identity(op, dtype),) + enclosing, self.acc_count)
+      self.acc_count += 1
+    for ln, val in zip(self.lanes, values):
+      key = lanes_to_acc[ln]
+      if val is None: continue
+      new = UOp(op, dtype, (accs[key], val))
+      accs[key] = UOp(Ops.PHI, dtype, (accs[key], new))
+    return accs
+
+  def lower_reduce(self, red: UOp, idxs):
+    k = self.k
+    arg: ReduceArg = red.arg
+    fs = self.full_shape
+    first_loop = k.first_reduce + k.group_for_reduces
+    parent = self.outer_blocks[-1] if self.outer_blocks else None
+    for i in range(first_loop, k.first_upcast):
+      parent = self.loop(f"ridx{i - first_loop}", fs[i], parent)
+      idxs[i] = parent
+    values = self.lower_node(red.src[0], idxs, zero_reduce=False)
+    out_key = {ln: self.lane_key(ln, True) for ln in self.lanes}
+    accs = self.accumulate(arg.op, red.dtype, values, out_key, self.outer_blocks)
+    for n in list(self.values):  # values inside the reduce are not visible after it
+      if n is not red: del self.values[n]
+    if k.group_for_reduces == 0:
+      return [accs[out_key[ln]] for ln in self.lanes], None, idxs
+    return self.group_reduce(red, arg, accs, out_key, idxs)
+
+  def group_reduce(self, red: UOp, arg: ReduceArg, accs: dict, out_key: dict, idxs):
+    """Partial results of each thread meet in shared memory; the thread with group index 0 finishes."""
+    k = self.k
+    fs = self.full_shape
+    local_axes = list(range(k.global_dims, k.first_reduce))
+    group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
+    out_lanes = list(dict.fromkeys(out_key.values()))
+    local_sizes = [fs[i] for i in local_axes + group_axes] + [len(out_lanes)]
+    temp = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(local=True), (), LocalArg("temp", int(prod(local_sizes))))
+
+    def temp_index(local_idx: list[UOp], lane_no: int) -> UOp:
+      flat = UOp.const(dtypes.index, 0)
+      for ix, s in zip(local_idx, local_sizes[:-1]): flat = flat * s + ix
+      return simplify(flat * len(out_lanes) + lane_no)
+    thread_idx = [idxs[i] for i in local_axes + group_axes]
+    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, temp_index(thread_idx, n), accs[key]))
+                   for n, key in enumerate(out_lanes))
+    barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+    first = UOp.const(dtypes.bool, True)
+    for i in group_axes: first = first & idxs[i].eq(0)
+    gate = UOp(Ops.IF, dtypes.void, (simplify(first), barrier))
+    # second stage: loop over the group inside the gate
+    parent = gate
+    late_idx = list(idxs)
+    group_loops = []
+    for j, i in enumerate(group_axes):
+      parent = self.loop(f"tidx{j}", fs[i], parent)
+      group_loops.append(parent)
+    local_part = [idxs[i] for i in local_axes] + group_loops
+    accs2 = {}
+    for n, key in enumerate(out_lanes):
+      acc = UOp(Ops.DEFINE_ACC, red.dtype, (self.reduce_identity(arg.op, red.dtype), gate), self.acc_count)
+      self.acc_count += 1
+      partial = UOp(Ops.LOAD, red.dtype, (temp, temp_index(local_part, n), barrier))
+      accs2[key] = UOp(Ops.PHI, red.dtype, (acc, UOp(arg.op, red.dtype, (acc, partial))))
+    for i in group_axes: late_idx[i] = UOp.const(dtypes.index, 0)
+    return [accs2[out_key[ln]] for ln in self.lanes], gate, late_idx
+
+
+# ***** step 4: placement and ordering *****
+
+def _merge_chains(chains: list[tuple[UOp, ...]], node: UOp) -> tuple[UOp, ...]:
+  longest: tuple[UOp, ...] = ()
+  for c in chains:
+    if len(c) > len(longest): longest = c
+  for c in chains:
+    if longest[:len(c)] != c:
+      raise AssertionError(f"linearize: {node.op} depends on values from two sibling blocks")
+  return longest
+
+
+def linearize_graph(sink: UOp) -> list[UOp]:
+  """Flatten a kernel graph: each node goes in the innermost LOOP/IF it depends on; blocks nest as their sources say."""
+  nodes = sink.toposort()
+  order = {n: i for i, n in enumerate(nodes)}
+  place: dict[UOp, tuple[UOp, ...]] = {}   # enclosing blocks of the node's position
+  seen_as: dict[UOp, tuple[UOp, ...]] = {}  # enclosing blocks of the node's value, as consumers see it
+  for n in nodes:
+    chain = _merge_chains([seen_as[s] for s in n.src], n)
+    place[n] = chain
+    if n.op in (Ops.LOOP, Ops.IF): seen_as[n] = chain + (n,)
+    elif n.op is Ops.PHI: seen_as[n] = seen_as[n.src[0]]
+    else: seen_as[n] = chain
+  children: dict[UOp | None, list[UOp]] = {}
+  for n in nodes:
+    if n is sink: continue
+    children.setdefault(place[n][-1] if place[n] else None, []).append(n)
+
+  def home(n: UOp) -> tuple[UOp, ...]: return place[n] + ((n,) if n.op in (Ops.LOOP, Ops.IF) else ())
+
+  def contents(block: UOp) -> list[UOp]:
+    out = []
+    for c in children.get(block, []):
+      out.append(c)
+      if c.op in (Ops.LOOP, Ops.IF): out.extend(contents(c))
+    return out
+
+  out: list[UOp] = []
+
+  def emit(block: UOp | None, level: tuple[UOp, ...]) -> None:
+    items = children.get(block, [])
+    deps: dict[UOp, set[UOp]] = {}
+    for item in items:
+      members = [item] + (contents(item) if item.op in (Ops.LOOP, Ops.IF) else [])
+      member_set = set(members)
+      d = set()
+      for m in members:
+        for s in m.src:
+          if s in member_set: continue
+          h = home(s)
+          if h[:len(level)] != level or (level and s is level[-1]): continue
+          d.add(s if len(h) == len(level) else h[len(level)])
+      d.discard(item)
+      deps[item] = d
+    done: set[UOp] = set()
+
+    def visit(item: UOp) -> None:
+      stack = [(item, False)]
+      while stack:
+        it, ready = stack.pop()
+        if it in done: continue
+        if ready:
+          done.add(it)
+          out.append(it)
+          if it.op in (Ops.LOOP, Ops.IF):
+            emit(it, level + (it,))
+            out.append(UOp(Ops.END, dtypes.void, (it,)))
+          continue
+        stack.append((it, True))
+        stack.extend((d, False) for d in sorted(deps[it], key=order.__getitem__, reverse=True) if d not in done)
+    for item in sorted(items, key=order.__getitem__): visit(item)
+
+  emit(None, ())
+  return out
+
+
+# ***** the whole lowering *****
+
+def linearize(k: Kernel) -> LinearProgram:
+  """Kernel -> flat UOp list, applying the named steps in order."""
+  lowerer = Lowerer(k)
+  graph = lowerer.lower()
+  graph = graph_rewrite(graph, symbolic)
+  uops = linearize_graph(graph)
+  specials = [u for u in uops if u.op is Ops.SPECIAL]
+  gsz = lsz = None
+  if k.opts.has_local:
+    gsz_l, lsz_l = [1, 1, 1], [1, 1, 1]
+    for u in specials:
+      (gsz_l if u.arg.name.startswith("gidx") else lsz_l)[u.arg.dim] = u.arg.size
+    gsz, lsz = tuple(gsz_l), tuple(lsz_l)
+  for b in k.bufs:
+    if b not in uops: uops.insert(0, b)  # every buffer stays a parameter, used or not
+  uops = linearize_params_first(uops)
+  prog = LinearProgram(k.name, uops, gsz, lsz, [u for u in uops if u.op is Ops.DEFINE_VAR], len(k.bufs))
+  prog.op_estimate, prog.mem_estimate = estimate_ops(uops), estimate_mem(k)
+  return prog
+
+
+def linearize_params_first(uops: list[UOp]) -> list[UOp]:
+  head_ops = (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.DEFINE_LOCAL)
+  head = sorted([u for u in uops if u.op in head_ops],
+                key=lambda u: (head_ops.index(u.op), u.arg if u.op is Ops.DEFINE_GLOBAL else
+                               u.arg.name))
+  return head + [u for u in uops if u.op not in head_ops]
+
+
+def estimate_ops(uops: list[UOp]) -> int:
+  """Floating/int ALU operations executed, counting loop trip counts and vector widths (for GFLOP/s)."""
+  total, mult, stack = 0, 1, []
+  for u in uops:
+    if u.op is Ops.LOOP:
+      trip = u.src[1].arg - u.src[0].arg if u.src[1].op is Ops.CONST else 1
+      stack.append(trip)
+      mult *= trip
+    elif u.op is Ops.END and u.src[0].op is Ops.LOOP:
+      mult //= stack.pop()
+    elif u.op in GroupOp.ALU and not dtypes.is_int(u.dtype) and u.dtype is not dtypes.bool:
+      total += mult * u.dtype.count
+  threads = 1
+  for u in uops:
+    if u.op is Ops.SPECIAL: threads *= u.arg.size
+  return total * threads
+
+
+def estimate_mem(k: Kernel) -> int:
+  """Bytes the kernel must move at least: every buffer read or written once (through its widest view)."""
+  sizes: dict[UOp, int] = {}
+  for access, st in zip(k.accesses, k.sts):
+    if access.op is Ops.CONST: continue
+    buf = access.src[0]
+    size = st.size if isinstance(st.size, int) else int(st.size.vmax)
+    sizes[buf] = max(sizes.get(buf, 0), size * buf.dtype.base.itemsize)
+  return sum(sizes.values())
+
+
+def verify_uops(uops: list[UOp]) -> None:
+  """Check the invariants of a flat UOp list; raise AssertionError naming the first broken one."""
+  seen: set[UOp] = set()
+  open_blocks: list[UOp] = []
+  in_head = True
+  head_rank = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_LOCAL: 2}
+  last_rank = 0
+  consumers: set[UOp] = set()
+  for i, u in enumerate(uops):
+    if u.op in head_rank:
+      if not in_head: raise AssertionError(f"uop {i}: {u.op} after the first non-parameter uop")
+      if head_rank[u.op] < last_rank: raise AssertionError(f"uop {i}: parameters out of order")
+      last_rank = head_rank[u.op]
+    else:
+      in_head = False
+    for s in u.src:
+      if s not in seen: raise AssertionError(f"uop {i} ({u.op}): source {s.op} is not defined before it")
+      consumers.add(s)
+    if u.op in (Ops.LOOP, Ops.IF): open_blocks.append(u)
+    if u.op is Ops.END:
+      if not open_blocks or open_blocks[-1] is not u.src[0]:
+        raise AssertionError(f"uop {i}: END does not close the innermost open block")
+      open_blocks.pop()
+    if u.op is Ops.PHI and u.src[0].op not in (Ops.DEFINE_ACC, Ops.PHI):
+      raise AssertionError(f"uop {i}: PHI must update an accumulator")
+    if u.op in GroupOp.Binary and u.op not in GroupOp.Comparison and u.op not in (Ops.SHL, Ops.SHR):
+      if u.src[0].dtype is not u.src[1].dtype or u.dtype is not u.src[0].dtype:
+        raise AssertionError(f"uop {i}: {u.op} mixes dtypes {u.src[0].dtype}, {u.src[1].dtype} -> {u.dtype}")
+    if u.op is Ops.WHERE and (u.src[0].dtype is not dtypes.bool or u.src[1].dtype is not u.src[2].dtype):
+      raise AssertionError(f"uop {i}: WHERE needs a bool condition and equal branch dtypes")
+    seen.add(u)
+  if open_blocks: raise AssertionError(f"{len(open_blocks)} LOOP/IF blocks are never closed")
+  for i, u in enumerate(uops):
+    if u not in consumers and u.op not in GroupOp.SideEffect and u.op not in (Ops.DEFINE_VAR, Ops.LOOP, Ops.IF):
+      raise AssertionError(f"uop {i}: {u.op} has no consumer")

@@ -1,0 +1,150 @@
+"""Devices: the name -> (allocator, renderer, compiler, program) mapping, and the Buffer that lives on a device.
+
+`Device["CPU"]` returns the device object, created on first use; backends live in fusegrad/runtime/<name>.py and are
+loaded by name, so a missing optional dependency (cuda-bindings) only matters to the device that needs it.
+`Device.DEFAULT` comes from DEV, else CUDA when usable, else CPU. Compiled binaries are cached on disk by source,
+device and compiler identity.
+"""
+from __future__ import annotations
+import hashlib
+import importlib
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+import numpy as np
+from fusegrad.config import config
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import cache_dir, GlobalCounters, prod
+from fusegrad.renderer.cstyle import Renderer
+
+KNOWN_DEVICES = ("CPU", "CUDA", "PYTHON")
+
+
+class Allocator:
+  """Raw device memory: alloc/free and host copies. Handles are opaque to everything but the allocator."""
+  def alloc(self, nbytes: int) -> Any: raise NotImplementedError
+  def free(self, handle: Any, nbytes: int) -> None: pass
+  def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError
+  def copyout(self, dest: memoryview, handle: Any) -> None: raise NotImplementedError
+
+
+class Compiler:
+  """Source -> binary, with an on-disk cache keyed by source and `cache_key` (compiler identity, arch, flags)."""
+  cache_key: str = ""
+  def compile(self, src: str) -> bytes: raise NotImplementedError
+
+  def compile_cached(self, src: str) -> bytes:
+    if config.NOCACHE: return self.compile(src)
+    digest = hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
+    path = cache_dir() / "kernels" / f"{digest}.bin"
+    if path.exists(): return path.read_bytes()
+    lib = self.compile(src)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{id(lib)}")
+    tmp.write_bytes(lib)
+    tmp.replace(path)
+    return lib
+
+
+@dataclass
+class Compiled:
+  """A device: how to hold memory, render kernels, compile them and build runnable programs."""
+  name: str
+  allocator: Allocator
+  renderer: Renderer
+  compiler: Compiler
+  program: type                    # Program(name, lib, renderer_extra) -> callable(bufs, vals, global, local, wait)
+  synchronize: Any = field(default=lambda: None)
+
+
+class _DeviceRegistry:
+  def canonicalize(self, name: str | None) -> str:
+    if name is None: return self.DEFAULT
+    if not isinstance(name, str): raise TypeError(f"device: expected a device name string, got {type(name).__name__}")
+    upper = name.split(":")[0].upper()
+    if upper == "CLANG": upper = "CPU"
+    if upper not in KNOWN_DEVICES:
+      raise ValueError(f"device: unknown device {name!r}; valid devices: {', '.join(KNOWN_DEVICES)}")
+    return upper
+
+  @functools.cache
+  def __getitem__(self, name: str) -> Compiled:
+    name = self.canonicalize(name)
+    module = importlib.import_module(f"fusegrad.runtime.{name.lower()}")
+    return module.make_device()
+
+  @functools.cached_property
+  def DEFAULT(self) -> str:
+    if config.DEV: return self.canonicalize(config.DEV)
+    return "CUDA" if cuda_usable() else "CPU"
+
+
+def cuda_usable() -> bool:
+  """True when cuda-bindings import and a GPU answers."""
+  try:
+    module = importlib.import_module("fusegrad.runtime.cuda")
+  except ImportError:
+    return False
+  return module.gpu_available()
+
+
+Device = _DeviceRegistry()
+
+
+class Buffer:
+  """`size` elements of `dtype` on a device. Memory is taken on `allocate()` and given back when collected."""
+
+  def __init__(self, device: str, size: int, dtype: DType):
+    if size < 0: raise ValueError(f"Buffer: size must be >= 0, got {size}")
+    self.device, self.size, self.dtype = device, size, dtype
+    self._handle: Any = None
+
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  @property
+  def is_allocated(self) -> bool: return self._handle is not None
+
+  def allocate(self) -> Buffer:
+    if self._handle is None:
+      self._handle = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+      GlobalCounters.mem_used += self.nbytes
+    return self
+
+  def __del__(self):
+    if getattr(self, "_handle", None) is not None:
+      GlobalCounters.mem_used -= self.nbytes
+      Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+
+  def copyin(self, data: np.ndarray) -> Buffer:
+    data = np.ascontiguousarray(data)
+    if data.nbytes != self.nbytes:
+      raise ValueError(f"Buffer.copyin: {data.nbytes} bytes given for a buffer of {self.nbytes} bytes")
+    self.allocate()
+    Device[self.device].allocator.copyin(self._handle, memoryview(data.reshape(-1).view(np.uint8)))
+    return self
+
+  def raw_bytes(self) -> np.ndarray:
+    """A host copy of the contents as bytes."""
+    raw = np.empty(self.nbytes, dtype=np.uint8)
+    if self.nbytes: Device[self.device].allocator.copyout(memoryview(raw), self.allocate()._handle)
+    return raw
+
+  def numpy(self) -> np.ndarray:
+    """A host copy of the contents (bfloat16 comes back as float32)."""
+    raw = self.raw_bytes()
+    if self.dtype is dtypes.bfloat16: return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return raw.view(self.dtype.np)
+
+  def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
+
+
+def numpy_to_storage(arr: np.ndarray, dtype: DType) -> np.ndarray:
+  """Host array laid out as `dtype` stores it (bfloat16 is rounded into its 16-bit pattern)."""
+  if dtype is dtypes.bfloat16:
+    bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+  return np.ascontiguousarray(arr, dtype=dtype.np)
+
+
+def buffer_size(shape: tuple[int, ...]) -> int: return int(prod(shape))

@@ -1,0 +1,113 @@
+"""Running a schedule: kernel AST -> optimized Kernel -> UOps -> source -> compiled program -> launch.
+
+Compiled programs are cached in memory by (AST, device) — ASTs are hash-consed, so the lookup is one dict probe —
+and on disk by source (device.py). Counters and DEBUG output are kept here: DEBUG=2 prints one line per kernel,
+3 the applied opts, 4 the source, 5 the UOps.
+"""
+from __future__ import annotations
+import time
+from dataclasses import dataclass
+from fusegrad.config import config
+from fusegrad.helpers import GlobalCounters, colored, to_function_name, ansilen
+from fusegrad.uop import UOp, Ops
+from fusegrad.device import Device, Buffer
+from fusegrad.codegen.kernel import Kernel, Opt
+from fusegrad.codegen.heuristic import hand_coded_optimizations
+from fusegrad.codegen.linearizer import linearize, verify_uops, LinearProgram
+from fusegrad.engine.schedule import ScheduleItem
+
+
+@dataclass
+class CompiledKernel:
+  """A runnable kernel and what DEBUG output and counters need to know about it."""
+  name: str
+  display_name: str
+  device: str
+  program: object
+  lin: LinearProgram
+  src: str
+  opts: list[Opt]
+  compile_s: float
+
+
+_PROGRAMS: dict[tuple[UOp, str], CompiledKernel] = {}
+
+
+def kernel_for(ast: UOp, device: str, opts: list[Opt] | None = None) -> Kernel:
+  """The Kernel of an AST with opts applied: `opts` if given, else the hand-coded heuristics (unless NOOPT)."""
+  k = Kernel(ast, Device[device].renderer)
+  if opts is not None:
+    for o in opts: k.apply_opt(o)
+  elif not config.NOOPT:
+    hand_coded_optimizations(k)
+  return k
+
+
+def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
+  dev = Device[device]
+  start = time.perf_counter()
+  lin = linearize(k)
+  if config.DEBUG >= 1 or config.VERIFY: verify_uops(lin.uops)
+  name = to_function_name(lin.name)
+  src = dev.renderer.render(name, lin.uops)
+  if config.DEBUG >= 3: print(f"{colored(name, 'cyan')} opts: {k.applied_opts}")
+  if config.DEBUG >= 4: print(src)
+  if config.DEBUG >= 5:
+    for i, u in enumerate(lin.uops): print(f"{i:4d} {u.op.name:<14} {u.dtype.name:<12} {u.arg if u.arg is not None else ''}")
+  lib = dev.compiler.compile_cached(src)
+  program = dev.program(name, lib)
+  elapsed = time.perf_counter() - start
+  GlobalCounters.compile_count += 1
+  GlobalCounters.compile_time_s += elapsed
+  display = "_".join(colored(str(s) if isinstance(s, int) else s.render(), c) for s, c in zip(k.full_shape, k.colors()))
+  display = ("r_" if k.reduceop is not None else "E_") + display
+  return CompiledKernel(name, display, device, program, lin, src, list(k.applied_opts), elapsed)
+
+
+def get_program(ast: UOp, device: str) -> CompiledKernel:
+  key = (ast, device)
+  if key not in _PROGRAMS: _PROGRAMS[key] = compile_kernel(kernel_for(ast, device), device)
+  return _PROGRAMS[key]
+
+
+def run_kernel(ck: CompiledKernel, bufs: tuple[Buffer, ...], var_vals: dict[UOp, int]) -> float:
+  vals = tuple(var_vals[v] for v in ck.lin.vars)
+  gsz, lsz = _launch_dims(ck.lin, var_vals)
+  handles = [b.allocate()._handle for b in bufs]
+  wait = config.DEBUG >= 2
+  elapsed = ck.program(handles, vals, gsz, lsz, wait=wait)
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += ck.lin.op_estimate
+  GlobalCounters.global_mem += ck.lin.mem_estimate
+  GlobalCounters.time_sum_s += elapsed or 0.0
+  if config.DEBUG >= 2: _print_kernel_line(ck, elapsed or 0.0, gsz, lsz)
+  return elapsed
+
+
+def _launch_dims(lin: LinearProgram, var_vals: dict[UOp, int]):
+  return lin.global_size, lin.local_size
+
+
+def _print_kernel_line(ck: CompiledKernel, elapsed: float, gsz, lsz) -> None:
+  ops, mem = ck.lin.op_estimate, ck.lin.mem_estimate
+  pad = max(0, 36 - ansilen(ck.display_name))
+  dims = f"{list(gsz)} {list(lsz)}" if gsz is not None else "loops"
+  print(f"*** {ck.device:<6} {GlobalCounters.kernel_count:4d} {ck.display_name}{' ' * pad} {dims:<22} "
+        f"tm {elapsed * 1e6:9.2f}us ({ops / max(elapsed, 1e-9) / 1e9:8.2f} GFLOP/s {mem / max(elapsed, 1e-9) / 1e9:7.2f} GB/s)"
+        f"  opts {len(ck.opts)}")
+
+
+def run_schedule(schedule: list[ScheduleItem]) -> None:
+  """Run every item in order, then mark each output as realized (dropping its lazy sources)."""
+  for si in schedule:
+    if si.ast.op is Ops.EMPTY:
+      si.bufs[0].allocate()
+    elif si.ast.op is Ops.COPY:
+      dst, src = si.bufs
+      dst.allocate()
+      Device[dst.device].allocator.copyin(dst._handle, memoryview(src.raw_bytes()))
+    else:
+      ck = get_program(si.ast, si.bufs[0].device)
+      run_kernel(ck, si.bufs, si.var_vals)
+    for out in si.outputs:
+      out.op, out.srcs, out.arg = Ops.BUFFER, (), None

@@ -1,0 +1,250 @@
+"""Rendering a flat UOp list to C-family source: the C dialect for the CPU backend (and the base for CUDA).
+
+`Renderer` also carries what codegen needs to know about a device (thread blocks, vector types, size limits).
+Every value gets a named local; constants are inlined. Ints keep Python/torch semantics: `//` and `%` floor, and
+division by zero gives 0 instead of trapping; plain C `/` and `%` are used where bounds prove both signs positive.
+bfloat16 values live in `float` registers and are stored as 16-bit patterns.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.uop import UOp, Ops, GroupOp
+
+
+@dataclass(frozen=True)
+class Renderer:
+  """What codegen needs to know about a device, and how to turn a UOp list into source."""
+  device: str = "CPU"
+  has_local: bool = False
+  has_shared: bool = False
+  supports_float4: bool = False
+  vector_dtypes: frozenset = field(default_factory=frozenset)
+  global_max: tuple[int, ...] | None = None
+  local_max: tuple[int, ...] | None = None
+  local_max_threads: int = 0
+  shared_max: int = 0
+  tensor_cores: tuple = ()
+
+  def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
+
+
+C_TYPES = {dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+           dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
+           dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16",
+           dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double", dtypes.void: "void"}
+
+C_PRELUDE = """#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+#define FG_IDIV(a, b) ((b) == 0 ? 0 : ((a) / (b)) - ((((a) % (b)) != 0) && (((a) < 0) != ((b) < 0))))
+#define FG_MOD(a, b) ((b) == 0 ? 0 : ((a) % (b)) + (((((a) % (b)) != 0) && (((a) % (b) < 0) != ((b) < 0))) ? (b) : 0))
+static inline float fg_bf16_load(unsigned short x) { unsigned int u = ((unsigned int)x) << 16; float f;
+  memcpy(&f, &u, 4); return f; }
+static inline unsigned short fg_bf16_store(float f) { unsigned int u; memcpy(&u, &f, 4);
+  if (f != f) return 0x7FC0; return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+static inline float fg_bf16_round(float f) { return fg_bf16_load(fg_bf16_store(f)); }
+"""
+
+
+class CStyleRenderer(Renderer):
+  """C source for a UOp list. Dialects override the small hooks below (types, indices, barriers, kernel header)."""
+  kernel_prefix = ""
+  buffer_prefix = ""
+  float_suffix = "f"
+
+  def type_name(self, dt: DType) -> str:
+    if dt.count > 1: return dt.name
+    return C_TYPES[dt]
+
+  def storage_type(self, dt: DType) -> str:
+    return "unsigned short" if dt is dtypes.bfloat16 else self.type_name(dt)
+
+  # ***** literals *****
+  def literal(self, value, dt: DType) -> str:
+    if dt.count > 1: return self.vector_literal([self.literal(value, dt.scalar)] * dt.count, dt)
+    if dt is dtypes.bool: return "1" if value else "0"
+    if dtypes.is_float(dt):
+      if math.isnan(value): text = "NAN"
+      elif math.isinf(value): text = "INFINITY" if value > 0 else "-INFINITY"
+      else: text = repr(float(value)) + (self.float_suffix if dt is not dtypes.float64 else "")
+      if dt is dtypes.float64 and (math.isnan(value) or math.isinf(value)): return f"((double){text})"
+      return f"(({self.type_name(dt)}){text})" if dt is dtypes.float16 else text
+    if dt in (dtypes.int64,): return f"{value}ll"
+    if dt in (dtypes.uint64,): return f"{value}ull"
+    if dt in (dtypes.uint32,): return f"{value}u"
+    if dt is dtypes.int32 and value == -(1 << 31): return "(-2147483647-1)"
+    return str(value)
+
+  def vector_literal(self, parts: list[str], dt: DType) -> str: return f"(({dt.name}){{{', '.join(parts)}}})"
+
+  # ***** ALU *****
+  def alu(self, u: UOp, a: list[str]) -> str:
+    op, dt = u.op, u.dtype
+    fdt = u.src[0].dtype
+    is_f = dtypes.is_float(fdt)
+    fn = (lambda n: n + ("" if fdt is dtypes.float64 else "f"))
+    if op is Ops.NEG: return f"(!{a[0]})" if dt is dtypes.bool else f"(-{a[0]})"
+    if op is Ops.EXP2: return f"{fn('exp2')}({a[0]})"
+    if op is Ops.LOG2: return f"{fn('log2')}({a[0]})"
+    if op is Ops.SIN: return f"{fn('sin')}({a[0]})"
+    if op is Ops.SQRT: return f"{fn('sqrt')}({a[0]})"
+    if op is Ops.TRUNC: return f"{fn('trunc')}({a[0]})"
+    if op is Ops.RECIP: return f"({self.literal(1.0, dt)}/{a[0]})"
+    if op is Ops.POW: return f"{fn('pow')}({a[0]}, {a[1]})"
+    if op is Ops.MAX:
+      if is_f: return f"((({a[0]})!=({a[0]}))||(({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+      return f"(({a[0]})>({a[1]})?({a[0]}):({a[1]}))"
+    if op is Ops.IDIV:
+      if self.positive_division(u): return f"({a[0]}/{a[1]})"
+      return f"FG_IDIV({a[0]}, {a[1]})"
+    if op is Ops.MOD:
+      if is_f: return f"{fn('fmod')}({a[0]}, {a[1]})"
+      if self.positive_division(u): return f"({a[0]}%{a[1]})"
+      return f"FG_MOD({a[0]}, {a[1]})"
+    if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
+    if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
+    sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+           Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}[op]
+    text = f"({a[0]}{sym}{a[1]})"
+    if dt is dtypes.bfloat16 and op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV): return f"fg_bf16_round{text}"
+    return text
+
+  @staticmethod
+  def positive_division(u: UOp) -> bool:
+    return u.src[0].vmin >= 0 and u.src[1].vmin > 0
+
+  # ***** dialect hooks *****
+  def special(self, u: UOp) -> str: raise NotImplementedError("SPECIAL needs a device with thread blocks")
+  def barrier(self) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
+  def local_decl(self, u: UOp) -> str: raise NotImplementedError("DEFINE_LOCAL needs a device with shared memory")
+
+  def vector_load(self, dt: DType, ptr: str, idx: str) -> str: return f"(*(({dt.name}*)({ptr}+{idx})))"
+  def vector_store(self, dt: DType, ptr: str, idx: str, val: str) -> str:
+    return f"*(({dt.name}*)({ptr}+{idx})) = {val};"
+  def gep(self, vec: str, lane: int) -> str: return f"{vec}[{lane}]"
+  def cast(self, u: UOp, val: str) -> str:
+    src = u.src[0].dtype
+    if u.dtype is dtypes.bfloat16: return f"fg_bf16_round((float)({val}))"
+    if u.dtype is dtypes.bool: return f"(({val})!=0)"
+    if src is dtypes.bfloat16: return f"(({self.type_name(u.dtype)})({val}))"
+    return f"(({self.type_name(u.dtype)})({val}))"
+
+  def bitcast(self, u: UOp, val: str) -> str:
+    to_t, from_t = self.type_name(u.dtype), self.type_name(u.src[0].dtype)
+    if u.src[0].dtype is dtypes.bfloat16: val, from_t = f"fg_bf16_store({val})", "unsigned short"
+    if u.dtype is dtypes.bfloat16:
+      return f"fg_bf16_load(({{ union {{ {from_t} a; unsigned short b; }} u_ = {{ .a = {val} }}; u_.b; }}))"
+    return f"({{ union {{ {from_t} a; {to_t} b; }} u_ = {{ .a = {val} }}; u_.b; }})"
+
+  def kernel_header(self, name: str, params: list[str], uops: list[UOp]) -> str:
+    return f"{self.kernel_prefix}void {name}({', '.join(params)}) {{"
+
+  def prelude(self, uops: list[UOp]) -> str:
+    vec_types = sorted({u.dtype for u in uops if u.dtype.count > 1}, key=lambda d: d.name)
+    typedefs = [f"typedef {self.type_name(d.scalar)} {d.name} __attribute__((vector_size({d.itemsize})));"
+                for d in vec_types]
+    return C_PRELUDE + "\n".join(typedefs)
+
+  # ***** the program *****
+  def render(self, name: str, uops: list[UOp]) -> str:
+    names: dict[UOp, str] = {}
+    counters: dict[str, int] = {}
+    params: list[str] = []
+    lines: list[str] = []
+    depth = 1
+
+    def fresh(prefix: str) -> str:
+      counters[prefix] = counters.get(prefix, 0) + 1
+      return f"{prefix}{counters[prefix] - 1}"
+
+    def r(x: UOp) -> str: return names[x] if x in names else self.literal(x.arg, x.dtype)
+    written = {u.src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL}
+
+    for u in uops:
+      op = u.op
+      emit = lambda text: lines.append("  " * depth + text)  # noqa: E731
+      if op is Ops.DEFINE_GLOBAL:
+        names[u] = f"data{u.arg}"
+        const = "" if u in written else "const "
+        params.append(f"{self.buffer_prefix}{const}{self.storage_type(u.dtype.base)}* restrict {names[u]}")
+      elif op is Ops.DEFINE_VAR:
+        names[u] = u.arg.name
+        params.append(f"const int {u.arg.name}")
+      elif op is Ops.DEFINE_LOCAL:
+        names[u] = u.arg.name
+        emit(self.local_decl(u))
+      elif op is Ops.CONST: continue
+      elif op is Ops.SPECIAL:
+        names[u] = u.arg.name
+        emit(f"int {u.arg.name} = {self.special(u)}; /* {u.arg.size} */")
+      elif op is Ops.LOOP:
+        names[u] = u.arg
+        emit(f"for (int {u.arg} = {r(u.src[0])}; {u.arg} < {r(u.src[1])}; {u.arg}++) {{")
+        depth += 1
+      elif op is Ops.IF:
+        emit(f"if ({r(u.src[0])}) {{")
+        depth += 1
+      elif op is Ops.END:
+        depth -= 1
+        lines.append("  " * depth + "}")
+      elif op is Ops.BARRIER: emit(self.barrier())
+      elif op is Ops.DEFINE_ACC:
+        names[u] = fresh("acc")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {r(u.src[0])};")
+      elif op is Ops.PHI:
+        names[u] = names[u.src[0]]
+        emit(f"{names[u]} = {r(u.src[1])};")
+      elif op is Ops.LOAD:
+        names[u] = fresh("val")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.render_load(u, r)};")
+      elif op is Ops.STORE:
+        emit(self.render_store(u, r))
+      elif op is Ops.GEP:
+        names[u] = fresh("g")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.gep(r(u.src[0]), u.arg)};")
+      elif op is Ops.VECTORIZE:
+        names[u] = fresh("vec")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.vector_literal([r(s) for s in u.src], u.dtype)};")
+      elif op is Ops.CAST:
+        names[u] = fresh("cast")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.cast(u, r(u.src[0]))};")
+      elif op is Ops.BITCAST:
+        names[u] = fresh("bc")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.bitcast(u, r(u.src[0]))};")
+      elif op in GroupOp.ALU:
+        names[u] = fresh("alu")
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.alu(u, [r(s) for s in u.src])};")
+      elif op is Ops.WMMA:
+        names[u] = fresh("wmma")
+        emit(self.wmma(u, names[u], [r(s) for s in u.src]))
+      else:
+        raise NotImplementedError(f"render: {op} is not supported by the {self.device} renderer")
+    body = "\n".join(lines)
+    return f"{self.prelude(uops)}\n{self.kernel_header(name, params, uops)}\n{body}\n}}\n"
+
+  def wmma(self, u: UOp, name: str, args: list[str]) -> str:
+    raise NotImplementedError(f"WMMA is not supported by the {self.device} renderer")
+
+  def render_load(self, u: UOp, r) -> str:
+    src = [s for s in u.src if s.op is not Ops.BARRIER]
+    buf, idx = r(src[0]), r(src[1])
+    if u.dtype.count > 1: value = self.vector_load(u.dtype, buf, idx)
+    elif src[0].dtype.base is dtypes.bfloat16 and src[0].op is Ops.DEFINE_GLOBAL: value = f"fg_bf16_load({buf}[{idx}])"
+    else: value = f"{buf}[{idx}]"
+    if len(src) == 4: return f"({r(src[2])}?{value}:{r(src[3])})"
+    return value
+
+  def render_store(self, u: UOp, r) -> str:
+    buf, idx, val = u.src[0], r(u.src[1]), u.src[2]
+    if val.dtype.count > 1: return self.vector_store(val.dtype, r(buf), idx, r(val))
+    if buf.dtype.base is dtypes.bfloat16 and buf.op is Ops.DEFINE_GLOBAL:
+      return f"{r(buf)}[{idx}] = fg_bf16_store({r(val)});"
+    return f"{r(buf)}[{idx}] = {r(val)};"
+
+
+class CRenderer(CStyleRenderer):
+  """Plain C for the CPU backend: global axes become loops; GCC vector extensions give float4."""
+  def __init__(self):
+    super().__init__(device="CPU", has_local=False, supports_float4=True,
+                     vector_dtypes=frozenset({dtypes.float32, dtypes.int32}))

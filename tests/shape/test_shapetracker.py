@@ -1,0 +1,282 @@
+"""Tests for fusegrad.shape.shapetracker: movement-op chains against numpy, exact index forms, view merging,
+real strides, size, composition and symbolic shapes.
+
+The property test applies the same random chain of movement ops to a ShapeTracker and to `np.arange` (padding with a
+-1 sentinel), then checks every element: the index expression must give numpy's value and valid must be False
+exactly at the sentinels. Index expressions are evaluated over all elements at once by a small numpy interpreter.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fusegrad.helpers import prod
+from fusegrad.shape import ShapeTracker, View
+from fusegrad.uop import Ops, UOp, Variable
+
+PAD = -1
+_NP_ALU = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.IDIV: np.floor_divide, Ops.MOD: np.mod,
+           Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal, Ops.AND: np.logical_and,
+           Ops.OR: np.logical_or, Ops.XOR: np.logical_xor, Ops.MAX: np.maximum, Ops.NEG: np.negative,
+           Ops.WHERE: np.where}
+
+
+def np_eval(u: UOp, env: dict[str, np.ndarray | int]) -> np.ndarray:
+  """Evaluate an int/bool expression with numpy arrays for its variables (Python's floor division and modulo)."""
+  vals: dict[UOp, np.ndarray] = {}
+  for n in u.toposort():
+    if n.op is Ops.CONST: vals[n] = np.asarray(n.arg)
+    elif n.op is Ops.DEFINE_VAR: vals[n] = np.asarray(env[n.arg.name])
+    elif n.op is Ops.BIND: vals[n] = vals[n.src[1]]
+    else: vals[n] = _NP_ALU[n.op](*[vals[s] for s in n.src])
+  return vals[u]
+
+
+def check_against(tracker: ShapeTracker, expected: np.ndarray, var_env: dict[str, int] | None = None) -> None:
+  """Every element of `expected` (PAD where invalid) must be what tracker's (index, valid) give."""
+  assert tuple(expected.shape) == tuple(int(np_eval(s, var_env or {})) if isinstance(s, UOp) else s
+                                        for s in tracker.shape)
+  grid = np.indices(expected.shape) if expected.ndim else []
+  env = {**(var_env or {}), **{f"idx{i}": g for i, g in enumerate(grid)}}
+  index, valid = tracker.expr_idxs()
+  index = np.broadcast_to(np_eval(index, env), expected.shape)
+  valid = np.broadcast_to(np_eval(valid, env), expected.shape).astype(bool)
+  np.testing.assert_array_equal(valid, expected != PAD, err_msg=f"valid is wrong for {tracker}")
+  np.testing.assert_array_equal(np.where(valid, index, PAD), expected, err_msg=f"index is wrong for {tracker}")
+  if valid.any() and not var_env:
+    assert index[valid].min() >= 0 and index[valid].max() < tracker.size, f"size {tracker.size} of {tracker}"
+
+
+# ***** random movement-op chains *****
+
+def _divisors(n: int) -> list[int]: return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def draw_reshape(data, shape: tuple[int, ...]) -> tuple[int, ...]:
+  kind = data.draw(st.sampled_from(["factorize", "merge", "split", "add_one"]))
+  if 0 in shape and kind in ("factorize", "split"): return data.draw(st.sampled_from([(0,), (2, 0), (0, 3, 1)]))
+  if kind == "merge" and len(shape) >= 2:
+    i = data.draw(st.integers(0, len(shape) - 2))
+    return shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:]
+  if kind == "split" and shape:
+    i = data.draw(st.integers(0, len(shape) - 1))
+    d = data.draw(st.sampled_from(_divisors(shape[i])))
+    return shape[:i] + (d, shape[i] // d) + shape[i + 1:]
+  if kind == "add_one":
+    i = data.draw(st.integers(0, len(shape)))
+    return shape[:i] + (1,) + shape[i:]
+  rest, out = prod(shape), []
+  while len(out) < 3 and rest > 1:
+    d = data.draw(st.sampled_from(_divisors(rest)))
+    out.append(d)
+    rest //= d
+  return tuple(out) + (rest,)
+
+
+def apply_random_op(data, tracker: ShapeTracker, arr: np.ndarray) -> tuple[ShapeTracker, np.ndarray]:
+  shape = arr.shape
+  op = data.draw(st.sampled_from(["reshape", "permute", "expand", "pad", "shrink", "flip", "stride"]))
+  if op == "reshape":
+    new_shape = draw_reshape(data, shape)
+    return tracker.reshape(new_shape), arr.reshape(new_shape)
+  if op == "permute":
+    order = tuple(data.draw(st.permutations(range(len(shape)))))
+    return tracker.permute(order), arr.transpose(order)
+  if op == "expand":
+    new_shape = tuple(data.draw(st.integers(1, 3)) if s == 1 else s for s in shape)
+    if prod(new_shape) > 400: return tracker, arr
+    return tracker.expand(new_shape), np.broadcast_to(arr, new_shape)
+  if op == "pad":
+    arg = tuple((data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))) for _ in shape)
+    if prod(s + b + a for s, (b, a) in zip(shape, arg)) > 400: return tracker, arr
+    return tracker.pad(arg), np.pad(arr, arg, constant_values=PAD)
+  if op == "shrink":
+    arg = []
+    for s in shape:
+      start = data.draw(st.integers(0, s))
+      arg.append((start, data.draw(st.integers(start, s))))
+    return tracker.shrink(tuple(arg)), arr[tuple(slice(b, e) for b, e in arg)]
+  mults = tuple(data.draw(st.sampled_from([1, -1] if op == "flip" else [1, 2, -2])) for _ in shape)
+  return tracker.stride(mults), arr[tuple(slice(None, None, m) for m in mults)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_random_movement_chains_match_numpy(data) -> None:
+  shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=4)))
+  tracker, arr = ShapeTracker.from_shape(shape), np.arange(prod(shape)).reshape(shape)
+  for _ in range(data.draw(st.integers(1, 6))):
+    tracker, arr = apply_random_op(data, tracker, arr)
+  check_against(tracker, arr)
+
+
+def test_np_eval_agrees_with_evaluate() -> None:
+  tracker = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((12,)).pad(((1, 2),))
+  index, valid = tracker.expr_idxs()
+  for i in range(15):
+    assert np_eval(index, {"idx0": i}) == index.evaluate({"idx0": i})
+    assert np_eval(valid, {"idx0": i}) == valid.evaluate({"idx0": i})
+
+
+# ***** exact index forms and view counts *****
+
+def test_contiguous() -> None:
+  tracker = ShapeTracker.from_shape((2, 3, 4))
+  assert tracker.contiguous and tracker.size == 24 and tracker.shape == (2, 3, 4)
+  assert tracker.expr_idxs()[0].render() == "idx0*12+idx1*4+idx2"
+  assert tracker.expr_idxs()[1].render() == "True"
+
+
+def test_permute_renders_affine() -> None:
+  tracker = ShapeTracker.from_shape((3, 4)).permute((1, 0))
+  assert tracker.expr_idxs()[0].render() == "idx0+idx1*4"
+  assert not tracker.contiguous
+
+
+def test_permute_then_split_stays_one_view() -> None:
+  tracker = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((2, 2, 3))
+  assert len(tracker.views) == 1
+  assert tracker.expr_idxs()[0].render() == "idx0*2+idx1+idx2*4"
+  check_against(tracker, np.arange(12).reshape(3, 4).T.reshape(2, 2, 3))
+
+
+def test_unmergeable_reshape_stacks_two_views() -> None:
+  tracker = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((12,))
+  assert len(tracker.views) == 2
+  assert tracker.expr_idxs()[0].render() == "(idx0%3)*4+idx0//3"
+  check_against(tracker, np.arange(12).reshape(3, 4).T.reshape(12))
+
+
+def test_stacked_views_merge_back() -> None:
+  """Reshaping back to the permuted shape makes the top view contiguous, and the two views merge."""
+  tracker = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((12,)).reshape((4, 3))
+  assert tracker == ShapeTracker.from_shape((3, 4)).permute((1, 0))
+
+
+def test_stacked_views_merge_when_affine() -> None:
+  tracker = ShapeTracker.from_shape((4, 4)).permute((1, 0)).reshape((16,)).reshape((2, 8)).shrink(((0, 2), (0, 4)))
+  assert len(tracker.views) == 1
+  check_against(tracker, np.arange(16).reshape(4, 4).T.reshape(2, 8)[:, :4])
+
+
+@pytest.mark.parametrize("build, expected", [
+  (lambda t: t.reshape((4, 6)), lambda a: a.reshape(4, 6)),
+  (lambda t: t.reshape((1, 24, 1)), lambda a: a.reshape(1, 24, 1)),
+  (lambda t: t.permute((2, 0, 1)).reshape((4, 6)), lambda a: a.transpose(2, 0, 1).reshape(4, 6)),
+  (lambda t: t.permute((2, 0, 1)).reshape((2, 2, 2, 3)), lambda a: a.transpose(2, 0, 1).reshape(2, 2, 2, 3)),
+  (lambda t: t.shrink(((0, 2), (1, 3), (0, 4))).reshape((2, 8)), lambda a: a[:, 1:3, :].reshape(2, 8)),
+  (lambda t: t.shrink(((0, 2), (0, 3), (1, 3))).reshape((3, 2, 2)), lambda a: a[:, :, 1:3].reshape(3, 2, 2)),
+  (lambda t: t.stride((1, -1, 1)).reshape((2, 3, 2, 2)), lambda a: a[:, ::-1].reshape(2, 3, 2, 2)),
+  (lambda t: t.pad(((0, 0), (1, 1), (0, 0))).reshape((2, 20)), lambda a: _pad(a, ((0, 0), (1, 1), (0, 0))).reshape(2, 20)),
+  (lambda t: t.pad(((1, 1), (0, 0), (0, 0))).reshape((4, 3, 2, 2)), lambda a: _pad(a, ((1, 1), (0, 0), (0, 0))).reshape(4, 3, 2, 2)),
+], ids=["contiguous", "size-1 axes", "merge permuted", "split permuted", "shrink merge", "shrink split", "flip split",
+        "pad merge", "pad split"])
+def test_reshape_stays_one_view(build, expected) -> None:
+  tracker = build(ShapeTracker.from_shape((2, 3, 4)))
+  assert len(tracker.views) == 1, tracker
+  check_against(tracker, expected(np.arange(24).reshape(2, 3, 4)))
+
+
+def _pad(a: np.ndarray, arg) -> np.ndarray: return np.pad(a, arg, constant_values=PAD)
+
+
+def test_reshape_after_expand() -> None:
+  tracker = ShapeTracker.from_shape((1, 4)).expand((3, 4)).reshape((3, 2, 2))
+  assert tracker.views == (View.create((3, 2, 2), (0, 2, 1)),)
+  assert tracker.expr_idxs()[0].render() == "idx1*2+idx2"
+  merged = ShapeTracker.from_shape((4, 1)).expand((4, 3)).reshape((2, 2, 3))
+  assert merged.views == (View.create((2, 2, 3), (2, 1, 0)),)
+
+
+def test_contiguous_after_round_trip() -> None:
+  tracker = ShapeTracker.from_shape((2, 3, 4)).permute((1, 0, 2)).permute((1, 0, 2)).reshape((6, 4))
+  assert tracker.contiguous and tracker == ShapeTracker.from_shape((6, 4))
+
+
+# ***** strides, size, composition *****
+
+def test_real_strides() -> None:
+  base = ShapeTracker.from_shape((2, 3, 4))
+  assert base.real_strides() == (12, 4, 1) and base.unit_stride_axes() == [2]
+  assert base.permute((2, 0, 1)).real_strides() == (1, 12, 4) and base.permute((2, 0, 1)).unit_stride_axes() == [0]
+  expanded = ShapeTracker.from_shape((1, 4)).expand((5, 4))
+  assert expanded.real_strides() == (0, 1) and expanded.unit_stride_axes() == [1]
+  padded = ShapeTracker.from_shape((3, 4)).pad(((0, 0), (1, 0)))
+  assert padded.real_strides() == (4, None) and padded.unit_stride_axes() == []
+  assert padded.real_strides(ignore_valid=True) == (4, 1) and padded.unit_stride_axes(ignore_valid=True) == [1]
+
+
+def test_real_strides_of_stacked_views() -> None:
+  tracker = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((12,)).reshape((2, 6))
+  assert len(tracker.views) == 2
+  assert tracker.real_strides() == (2, None)  # index: idx0*2 + idx1//3 + (idx1%3)*4
+  split = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((12,)).reshape((4, 3))
+  assert split.real_strides() == (1, 4)
+
+
+def test_size() -> None:
+  assert ShapeTracker.from_shape((3, 4)).shrink(((1, 2), (1, 3))).size == 7
+  assert ShapeTracker.from_shape((5,)).stride((-1,)).size == 5
+  assert ShapeTracker.from_shape((3, 4)).pad(((2, 2), (1, 1))).size == 12
+  assert ShapeTracker.from_shape((1, 4)).expand((100, 4)).size == 4
+  assert ShapeTracker.from_shape((3, 4)).shrink(((1, 1), (0, 4))).size == 0
+  assert ShapeTracker.from_shape((3, 4)).pad(((1, 1), (0, 0))).shrink(((0, 1), (0, 4))).size == 0
+
+
+def test_compose() -> None:
+  top = ShapeTracker.from_shape((3, 4)).permute((1, 0)).reshape((12,)).shrink(((2, 10),))
+  assert ShapeTracker.from_shape((3, 4)) + top == top
+  inner = ShapeTracker.from_shape((4, 3)).permute((1, 0)).pad(((0, 0), (1, 1)))
+  outer = ShapeTracker.from_shape((3, 6)).stride((-1, 2)).permute((1, 0))
+  base = _pad(np.arange(12).reshape(4, 3).T, ((0, 0), (1, 1)))
+  check_against(inner + outer, base[::-1, ::2].T)
+
+
+def test_repr() -> None:
+  assert repr(ShapeTracker.from_shape((3, 4)).permute((1, 0))) == \
+    "ShapeTracker(View(shape=(4, 3), strides=(1, 4), offset=0, mask=None))"
+  assert str(ShapeTracker.from_shape((3,)).pad(((1, 0),))) == \
+    "ShapeTracker(View(shape=(4,), strides=(1,), offset=-1, mask=((1, 4),)))"
+
+
+def test_errors() -> None:
+  tracker = ShapeTracker.from_shape((2, 3))
+  with pytest.raises(ValueError, match=r"reshape: can't reshape \(2, 3\) to \(4, 2\): sizes 6 and 8 differ"):
+    tracker.reshape((4, 2))
+  with pytest.raises(ValueError, match=r"expr_idxs: shape \(2, 3\) needs 2 indices, got 1"):
+    tracker.expr_idxs([Variable("i", 0, 5)])
+
+
+# ***** symbolic shapes *****
+
+N = Variable("n", 1, 10)
+
+
+def test_symbolic_reshape_expand_permute() -> None:
+  n = N.bind(3)
+  tracker = ShapeTracker.from_shape((n, 4)).reshape((n, 2, 2)).permute((1, 0, 2))
+  assert len(tracker.views) == 1 and tracker.vars() == {N} and tracker.var_vals == {N: 3}
+  unbound, values = tracker.unbind()
+  assert values == {N: 3} and unbound.shape == (2, N, 2) and unbound.var_vals == {}
+  for value in (1, 3, 10):
+    check_against(unbound, np.arange(value * 4).reshape(value, 2, 2).transpose(1, 0, 2), {"n": value})
+
+
+def test_symbolic_expand_and_merge() -> None:
+  n = N.bind(5)
+  tracker = ShapeTracker.from_shape((1, 6)).expand((n, 6)).reshape((n, 2, 3))
+  assert len(tracker.views) == 1 and tracker.real_strides() == (0, 3, 1)
+  merged = ShapeTracker.from_shape((n, 2, 3)).reshape((n * 6,))
+  assert merged.contiguous and merged.size is merged.shape[0]
+  unbound, _ = tracker.unbind()
+  for value in (1, 4, 10):
+    check_against(unbound, np.broadcast_to(np.arange(6).reshape(1, 6), (value, 6)).reshape(value, 2, 3), {"n": value})
+
+
+def test_symbolic_pad_shrink_flip() -> None:
+  n = N.bind(4)
+  tracker = ShapeTracker.from_shape((n, 3)).pad(((1, 0), (0, 0))).stride((-1, 1)).shrink(((0, 2), (1, 3)))
+  unbound, values = tracker.unbind()
+  assert values == {N: 4}
+  for value in (1, 2, 7):
+    expected = _pad(np.arange(value * 3).reshape(value, 3), ((1, 0), (0, 0)))[::-1][0:2, 1:3]
+    check_against(unbound, expected, {"n": value})
