@@ -43,9 +43,18 @@ def kernel_for(ast: UOp, device: str, opts: list[Opt] | None = None) -> Kernel:
   return k
 
 
-def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
+@dataclass
+class KernelSource:
+  """A kernel rendered and compiled for a device, not yet loaded (works without the device present)."""
+  name: str
+  lin: LinearProgram
+  src: str
+  lib: bytes
+
+
+def render_kernel(k: Kernel, device: str) -> KernelSource:
+  """Linearize, render and compile one Kernel; DEBUG=3/4/5 print opts, source and UOps."""
   dev = Device[device]
-  start = time.perf_counter()
   lin = linearize(k)
   if config.DEBUG >= 1 or config.VERIFY: verify_uops(lin.uops)
   name = to_function_name(lin.name)
@@ -54,14 +63,19 @@ def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
   if config.DEBUG >= 4: print(src)
   if config.DEBUG >= 5:
     for i, u in enumerate(lin.uops): print(f"{i:4d} {u.op.name:<14} {u.dtype.name:<12} {u.arg if u.arg is not None else ''}")
-  lib = dev.compiler.compile_cached(src)
-  program = dev.program(name, lib)
+  return KernelSource(name, lin, src, dev.compiler.compile_cached(src))
+
+
+def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
+  start = time.perf_counter()
+  ks = render_kernel(k, device)
+  program = Device[device].program(ks.name, ks.lib)
   elapsed = time.perf_counter() - start
   GlobalCounters.compile_count += 1
   GlobalCounters.compile_time_s += elapsed
   display = "_".join(colored(str(s) if isinstance(s, int) else s.render(), c) for s, c in zip(k.full_shape, k.colors()))
   display = ("r_" if k.reduceop is not None else "E_") + display
-  return CompiledKernel(name, display, device, program, lin, src, list(k.applied_opts), elapsed)
+  return CompiledKernel(ks.name, display, device, program, ks.lin, ks.src, list(k.applied_opts), elapsed)
 
 
 def get_program(ast: UOp, device: str) -> CompiledKernel:

@@ -25,6 +25,7 @@ class Renderer:
   local_max_threads: int = 0
   shared_max: int = 0
   tensor_cores: tuple = ()
+  arch: str = ""
 
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
@@ -53,12 +54,19 @@ class CStyleRenderer(Renderer):
   buffer_prefix = ""
   float_suffix = "f"
 
+  soft_half = False   # True: float16 values live in float registers and are stored as 16-bit patterns
+
   def type_name(self, dt: DType) -> str:
     if dt.count > 1: return dt.name
-    return C_TYPES[dt]
+    return "float" if dt is dtypes.float16 and self.soft_half else C_TYPES[dt]
+
+  def soft16(self, dt: DType) -> str | None:
+    """"bf16"/"f16" when values of dt are kept in float registers (loads widen, stores and casts round)."""
+    if dt is dtypes.bfloat16: return "bf16"
+    return "f16" if dt is dtypes.float16 and self.soft_half else None
 
   def storage_type(self, dt: DType) -> str:
-    return "unsigned short" if dt is dtypes.bfloat16 else self.type_name(dt)
+    return "unsigned short" if self.soft16(dt) else self.type_name(dt)
 
   # ***** literals *****
   def literal(self, value, dt: DType) -> str:
@@ -106,9 +114,7 @@ class CStyleRenderer(Renderer):
     if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
     sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=",
            Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}[op]
-    text = f"({a[0]}{sym}{a[1]})"
-    if dt is dtypes.bfloat16 and op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV): return f"fg_bf16_round{text}"
-    return text
+    return f"({a[0]}{sym}{a[1]})"
 
   @staticmethod
   def positive_division(u: UOp) -> bool:
@@ -125,16 +131,17 @@ class CStyleRenderer(Renderer):
   def gep(self, vec: str, lane: int) -> str: return f"{vec}[{lane}]"
   def cast(self, u: UOp, val: str) -> str:
     src = u.src[0].dtype
-    if u.dtype is dtypes.bfloat16: return f"fg_bf16_round((float)({val}))"
+    if self.soft16(u.dtype): return f"fg_{self.soft16(u.dtype)}_round((float)({val}))"
     if u.dtype is dtypes.bool: return f"(({val})!=0)"
-    if src is dtypes.bfloat16: return f"(({self.type_name(u.dtype)})({val}))"
     return f"(({self.type_name(u.dtype)})({val}))"
 
   def bitcast(self, u: UOp, val: str) -> str:
-    to_t, from_t = self.type_name(u.dtype), self.type_name(u.src[0].dtype)
-    if u.src[0].dtype is dtypes.bfloat16: val, from_t = f"fg_bf16_store({val})", "unsigned short"
-    if u.dtype is dtypes.bfloat16:
-      return f"fg_bf16_load(({{ union {{ {from_t} a; unsigned short b; }} u_ = {{ .a = {val} }}; u_.b; }}))"
+    to_t, from_t = self.storage_type(u.dtype), self.storage_type(u.src[0].dtype)
+    if self.soft16(u.src[0].dtype): val = f"fg_{self.soft16(u.src[0].dtype)}_store({val})"
+    raw = self.bitcast_expr(from_t, to_t, val)
+    return f"fg_{self.soft16(u.dtype)}_load({raw})" if self.soft16(u.dtype) else raw
+
+  def bitcast_expr(self, from_t: str, to_t: str, val: str) -> str:
     return f"({{ union {{ {from_t} a; {to_t} b; }} u_ = {{ .a = {val} }}; u_.b; }})"
 
   def kernel_header(self, name: str, params: list[str], uops: list[UOp]) -> str:
@@ -174,6 +181,7 @@ class CStyleRenderer(Renderer):
       elif op is Ops.DEFINE_LOCAL:
         names[u] = u.arg.name
         emit(self.local_decl(u))
+        
       elif op is Ops.CONST: continue
       elif op is Ops.SPECIAL:
         names[u] = u.arg.name
@@ -229,8 +237,9 @@ class CStyleRenderer(Renderer):
   def render_load(self, u: UOp, r) -> str:
     src = [s for s in u.src if s.op is not Ops.BARRIER]
     buf, idx = r(src[0]), r(src[1])
+    soft = self.soft16(src[0].dtype.base) if src[0].op is Ops.DEFINE_GLOBAL else None
     if u.dtype.count > 1: value = self.vector_load(u.dtype, buf, idx)
-    elif src[0].dtype.base is dtypes.bfloat16 and src[0].op is Ops.DEFINE_GLOBAL: value = f"fg_bf16_load({buf}[{idx}])"
+    elif soft: value = f"fg_{soft}_load({buf}[{idx}])"
     else: value = f"{buf}[{idx}]"
     if len(src) == 4: return f"({r(src[2])}?{value}:{r(src[3])})"
     return value
@@ -238,8 +247,8 @@ class CStyleRenderer(Renderer):
   def render_store(self, u: UOp, r) -> str:
     buf, idx, val = u.src[0], r(u.src[1]), u.src[2]
     if val.dtype.count > 1: return self.vector_store(val.dtype, r(buf), idx, r(val))
-    if buf.dtype.base is dtypes.bfloat16 and buf.op is Ops.DEFINE_GLOBAL:
-      return f"{r(buf)}[{idx}] = fg_bf16_store({r(val)});"
+    soft = self.soft16(buf.dtype.base) if buf.op is Ops.DEFINE_GLOBAL else None
+    if soft: return f"{r(buf)}[{idx}] = fg_{soft}_store({r(val)});"
     return f"{r(buf)}[{idx}] = {r(val)};"
 
 
@@ -248,3 +257,55 @@ class CRenderer(CStyleRenderer):
   def __init__(self):
     super().__init__(device="CPU", has_local=False, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32, dtypes.int32}))
+
+
+CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))
+#define NAN (__int_as_float(0x7fffffff))
+#define FG_IDIV(a, b) ((b) == 0 ? 0 : ((a) / (b)) - ((((a) % (b)) != 0) && (((a) < 0) != ((b) < 0))))
+#define FG_MOD(a, b) ((b) == 0 ? 0 : ((a) % (b)) + (((((a) % (b)) != 0) && (((a) % (b) < 0) != ((b) < 0))) ? (b) : 0))
+__device__ inline float fg_bf16_load(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
+__device__ inline unsigned short fg_bf16_store(float f) { unsigned int u = __float_as_uint(f);
+  if (f != f) return 0x7FC0; return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+__device__ inline float fg_bf16_round(float f) { return fg_bf16_load(fg_bf16_store(f)); }
+__device__ inline float fg_f16_load(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f; }
+__device__ inline unsigned short fg_f16_store(float f) { unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ inline float fg_f16_round(float f) { return fg_f16_load(fg_f16_store(f)); }
+template <typename T, typename F> __device__ inline T fg_bitcast(F f) { union { F a; T b; } u; u.a = f; return u.b; }
+"""
+
+_CUDA_VECTOR_FIELDS = "xyzw"
+
+
+class CUDARenderer(CStyleRenderer):
+  """CUDA C++ for NVRTC: SPECIAL as blockIdx/threadIdx, __shared__ arrays, __syncthreads, float4 structs,
+  float16 and bfloat16 in float registers with 16-bit storage (so fp32 accumulation is the default)."""
+  kernel_prefix = 'extern "C" __global__ '
+  soft_half = True
+
+  def __init__(self, arch: str = "sm_90"):
+    super().__init__(device="CUDA", has_local=True, has_shared=True, supports_float4=True,
+                     vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
+                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024, arch=arch)
+
+  def prelude(self, uops: list[UOp]) -> str: return CUDA_PRELUDE
+
+  def special(self, u: UOp) -> str:
+    return f"{'blockIdx' if u.arg.name.startswith('g') else 'threadIdx'}.{'xyz'[u.arg.dim]}"
+
+  def barrier(self) -> str: return "__syncthreads();"
+
+  def local_decl(self, u: UOp) -> str:
+    return f"__shared__ {self.type_name(u.dtype.base)} {u.arg.name}[{u.arg.size}];"
+
+  def vector_literal(self, parts: list[str], dt: DType) -> str: return f"make_{dt.name}({', '.join(parts)})"
+  def gep(self, vec: str, lane: int) -> str: return f"{vec}.{_CUDA_VECTOR_FIELDS[lane]}"
+  def bitcast_expr(self, from_t: str, to_t: str, val: str) -> str: return f"fg_bitcast<{to_t}, {from_t}>({val})"
+
+  def kernel_header(self, name: str, params: list[str], uops: list[UOp]) -> str:
+    threads = 1
+    for u in uops:
+      if u.op is Ops.SPECIAL and u.arg.name.startswith("l"): threads *= u.arg.size
+    params = [p.replace(" restrict ", " __restrict__ ") for p in params]
+    return f"{self.kernel_prefix}void __launch_bounds__({threads}) {name}({', '.join(params)}) {{"

@@ -8,7 +8,7 @@ View below it. Shapes may hold bound variables; `unbind` swaps them for plain va
 from __future__ import annotations
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable, Sequence
 from fusegrad.uop import UOp, Ops, Variable
 from fusegrad.symbolic import simplify
 from fusegrad.shape.view import View, fmt, linear_form, sint, sint_max, unravel_index
@@ -20,7 +20,7 @@ class ShapeTracker:
   views: tuple[View, ...]
 
   @staticmethod
-  def from_shape(shape) -> ShapeTracker:
+  def from_shape(shape: Sequence[sint]) -> ShapeTracker:
     """The tracker of a contiguous buffer of this shape."""
     return ShapeTracker((View.create(shape),))
 
@@ -51,13 +51,13 @@ class ShapeTracker:
   def _on_last(self, op: Callable[[View], View]) -> ShapeTracker:
     return ShapeTracker(self.views[:-1] + (op(self.views[-1]),)).simplify()
 
-  def permute(self, order) -> ShapeTracker: return self._on_last(lambda v: v.permute(order))
-  def expand(self, new_shape) -> ShapeTracker: return self._on_last(lambda v: v.expand(new_shape))
-  def pad(self, arg) -> ShapeTracker: return self._on_last(lambda v: v.pad(arg))
-  def shrink(self, arg) -> ShapeTracker: return self._on_last(lambda v: v.shrink(arg))
-  def stride(self, mults) -> ShapeTracker: return self._on_last(lambda v: v.stride(mults))
+  def permute(self, order: Sequence[int]) -> ShapeTracker: return self._on_last(lambda v: v.permute(order))
+  def expand(self, new_shape: Sequence[sint]) -> ShapeTracker: return self._on_last(lambda v: v.expand(new_shape))
+  def pad(self, arg: Sequence[tuple[sint, sint]]) -> ShapeTracker: return self._on_last(lambda v: v.pad(arg))
+  def shrink(self, arg: Sequence[tuple[sint, sint]]) -> ShapeTracker: return self._on_last(lambda v: v.shrink(arg))
+  def stride(self, mults: Sequence[int]) -> ShapeTracker: return self._on_last(lambda v: v.stride(mults))
 
-  def reshape(self, new_shape) -> ShapeTracker:
+  def reshape(self, new_shape: Sequence[sint]) -> ShapeTracker:
     """Reshape the last View, or stack a contiguous View of the new shape when it can't express the reshape."""
     reshaped = self.views[-1].reshape(new_shape)
     if reshaped is not None: return ShapeTracker(self.views[:-1] + (reshaped,)).simplify()
@@ -82,7 +82,7 @@ class ShapeTracker:
     """One index variable per axis, idx{i} in [0, shape[i] - 1]."""
     return [Variable(f"idx{i}", 0, max(sint_max(s) - 1, 0)) for i, s in enumerate(self.shape)]
 
-  def expr_idxs(self, idxs: list[UOp] | None = None) -> tuple[UOp, UOp]:
+  def expr_idxs(self, idxs: Sequence[UOp] | None = None) -> tuple[UOp, UOp]:
     """The simplified (buffer index, valid) for one index UOp per axis (default: `default_idxs()`)."""
     idxs = self.default_idxs() if idxs is None else list(idxs)
     if len(idxs) != self.ndim:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import all_int, ceildiv, flatten, prod
@@ -57,7 +58,7 @@ def sint_max(x: sint) -> int:
   return x if isinstance(x, int) else x.vmax
 
 
-def fmt(xs) -> str:
+def fmt(xs: object) -> str:
   """A shape, stride or mask tuple as Python prints it, with symbolic ints rendered (`(n=3, 4)`)."""
   if isinstance(xs, UOp): return xs.render()
   if not isinstance(xs, tuple): return str(xs)
@@ -65,7 +66,7 @@ def fmt(xs) -> str:
   return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
 
 
-def _as_sint(x, op: str) -> sint:
+def _as_sint(x: object, op: str) -> sint:
   if isinstance(x, UOp):
     if not dtypes.is_int(x.dtype): raise ValueError(f"{op}: {x.render()} is not an int expression")
     return canon(x)
@@ -75,7 +76,7 @@ def _as_sint(x, op: str) -> sint:
     raise ValueError(f"{op}: {x!r} is not an int or a symbolic int") from None
 
 
-def _check_shape(op: str, shape) -> tuple[sint, ...]:
+def _check_shape(op: str, shape: Sequence[sint]) -> tuple[sint, ...]:
   out = tuple(_as_sint(s, op) for s in shape)
   if any(isinstance(s, int) and s < 0 for s in out): raise ValueError(f"{op}: shape {fmt(out)} has a negative dim")
   return out
@@ -98,7 +99,8 @@ def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
   return (0, Counter()) if k == 0 else (k, a[1] + b[1])
 
 
-def _size_of(shape: tuple[sint, ...]) -> Monomial: return functools.reduce(_mono_mul, map(_monomial, shape), (1, Counter()))
+def _size_of(shape: tuple[sint, ...]) -> Monomial:
+  return functools.reduce(_mono_mul, map(_monomial, shape), (1, Counter()))
 
 
 def same_size(a: tuple[sint, ...], b: tuple[sint, ...]) -> bool:
@@ -228,7 +230,8 @@ def linear_form(expr: UOp, xs: list[UOp]) -> tuple[list[sint | None], sint]:
     elif term in targets: coeffs[term] = coeffs[term] + k
     elif term.op is Ops.MUL and len(used) == 1 and used[0] in term.src:
       other = term.src[1] if term.src[0] is used[0] else term.src[0]
-      coeffs[used[0]] = coeffs[used[0]] + other * k
+      if used[0] in other.toposort(): bad.add(used[0])
+      else: coeffs[used[0]] = coeffs[used[0]] + other * k
     else: bad.update(used)
   return [None if x in bad else canon(coeffs[x]) for x in xs], canon(const)
 
@@ -269,7 +272,8 @@ class View:
   contiguous: bool
 
   @staticmethod
-  def create(shape, strides=None, offset: sint = 0, mask=None) -> View:
+  def create(shape: Sequence[sint], strides: Sequence[sint] | None = None, offset: sint = 0,
+             mask: Sequence[tuple[sint, sint]] | None = None) -> View:
     """The canonical View: size-1 dims have stride 0, a mask covering everything is None, an axis with one valid
     element has stride 0 (the offset reads it), and a view that reads nothing has strides 0, offset 0, masks (0, 0)."""
     shape = _check_shape("View.create", shape)
@@ -321,9 +325,9 @@ class View:
     """(buffer index, valid) for one index UOp per axis: offset + sum(idx_i*stride_i), and the mask's bounds."""
     if len(idxs) != self.ndim:
       raise ValueError(f"to_indexed_uops: view of shape {fmt(self.shape)} needs {self.ndim} indices, got {len(idxs)}")
-    index = sint_to_uop(self.offset)
-    for idx, st in zip(idxs, self.strides):
-      if not (isinstance(st, int) and st == 0): index = index + idx * st
+    terms = [idx if _is_int(st, 1) else idx * st for idx, st in zip(idxs, self.strides) if not _is_int(st, 0)]
+    if not _is_int(self.offset, 0) or not terms: terms.append(sint_to_uop(self.offset))
+    index = functools.reduce(operator.add, terms)
     clauses: list[UOp] = []
     for idx, (lo, hi), s in zip(idxs, self.mask or (), self.shape):
       if not same(lo, 0): clauses.append((lo - 1) < idx)
@@ -333,7 +337,7 @@ class View:
 
   # ***** movement ops *****
 
-  def permute(self, order) -> View:
+  def permute(self, order: Sequence[int]) -> View:
     """Reorder the axes: axis i of the result is axis order[i] of this view."""
     order = tuple(operator.index(o) for o in order)
     if sorted(order) != list(range(self.ndim)):
@@ -341,7 +345,7 @@ class View:
     mask = None if self.mask is None else tuple(self.mask[o] for o in order)
     return View.create(tuple(self.shape[o] for o in order), tuple(self.strides[o] for o in order), self.offset, mask)
 
-  def expand(self, new_shape) -> View:
+  def expand(self, new_shape: Sequence[sint]) -> View:
     """Repeat size-1 axes to a larger size (stride 0, no copy)."""
     new_shape = _check_shape("expand", new_shape)
     if len(new_shape) != self.ndim:
@@ -356,7 +360,7 @@ class View:
     mask = tuple(m if same(s, ns) else (0, ns) for m, s, ns in zip(self.mask, self.shape, new_shape))
     return View.create(new_shape, self.strides, self.offset, mask)
 
-  def pad(self, arg) -> View:
+  def pad(self, arg: Sequence[tuple[sint, sint]]) -> View:
     """Add (before, after) invalid elements to each axis; reads there yield 0."""
     arg = self._pairs("pad", arg)
     if any(isinstance(x, int) and x < 0 for x in flatten(arg)):
@@ -365,7 +369,7 @@ class View:
     bounds = tuple((-b, canon(s + a)) for (b, a), s in zip(arg, self.shape))
     return self._resize(bounds, tuple((b, canon(s + b)) for (b, _), s in zip(arg, self.shape)))
 
-  def shrink(self, arg) -> View:
+  def shrink(self, arg: Sequence[tuple[sint, sint]]) -> View:
     """Keep [start, end) of each axis."""
     arg = self._pairs("shrink", arg)
     for axis, ((start, end), s) in enumerate(zip(arg, self.shape)):
@@ -375,7 +379,7 @@ class View:
     if all(same(start, 0) and same(end, s) for (start, end), s in zip(arg, self.shape)): return self
     return self._resize(arg)
 
-  def stride(self, mults) -> View:
+  def stride(self, mults: Sequence[int]) -> View:
     """Take every m-th element of each axis; a negative m walks the axis backwards (-1 flips it)."""
     mults = tuple(operator.index(m) for m in mults)
     if len(mults) != self.ndim or 0 in mults:
@@ -391,7 +395,7 @@ class View:
                                                 zip(mults, self.shape, self.mask))
     return View.create(shape, strides, offset, mask)
 
-  def reshape(self, new_shape) -> View | None:
+  def reshape(self, new_shape: Sequence[sint]) -> View | None:
     """The same elements in C order under a new shape, or None when no single View can address them so."""
     new_shape = _check_shape("reshape", new_shape)
     if not same_size(self.shape, new_shape):
@@ -436,7 +440,7 @@ class View:
       else: view = merged
     return view
 
-  def _pairs(self, op: str, arg) -> tuple[tuple[sint, sint], ...]:
+  def _pairs(self, op: str, arg: Sequence[tuple[sint, sint]]) -> Mask:
     pairs = tuple(tuple(_as_sint(x, op) for x in pair) for pair in arg)
     if len(pairs) != self.ndim or any(len(p) != 2 for p in pairs):
       raise ValueError(f"{op}: {fmt(pairs)} on shape {fmt(self.shape)} needs one (before, after) pair per axis")
@@ -481,7 +485,8 @@ class View:
   # ***** symbolic shapes *****
 
   def _sints(self) -> list[UOp]:
-    return [x for x in self.shape + self.strides + (self.offset,) + tuple(flatten(self.mask or ())) if isinstance(x, UOp)]
+    fields = self.shape + self.strides + (self.offset,) + tuple(flatten(self.mask or ()))
+    return [x for x in fields if isinstance(x, UOp)]
 
   def vars(self) -> set[UOp]:
     """The DEFINE_VARs this view's shape, strides, offset and mask use."""
@@ -500,6 +505,9 @@ class View:
     mask = None if self.mask is None else tuple((sub(lo), sub(hi)) for lo, hi in self.mask)
     return View(tuple(map(sub, self.shape)), tuple(map(sub, self.strides)), sub(self.offset), mask,
                 self.contiguous), values
+
+
+def _is_int(x: sint, value: int) -> bool: return isinstance(x, int) and x == value
 
 
 def _is_empty(m: tuple[sint, sint]) -> bool:

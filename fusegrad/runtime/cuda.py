@@ -1,0 +1,178 @@
+"""The CUDA backend on NVIDIA's cuda-bindings: NVRTC compiles kernels to cubin, the driver API runs them.
+
+One context (the device's primary context) and the default stream; a pooled allocator over plain cuMemAlloc
+(freed blocks are kept by size and reused); host copies through pinned staging buffers for large transfers; events
+time kernels under DEBUG>=2. Without a GPU, the compiler still works (NVRTC needs no device), so CUDA source can
+be rendered and compiled on any machine: `python -m fusegrad kernels --device CUDA "EXPR"`.
+"""
+from __future__ import annotations
+import ctypes
+import functools
+from collections import defaultdict
+import numpy as np
+from fusegrad.config import config
+from fusegrad.device import Allocator, Compiler, Compiled
+from fusegrad.renderer.cstyle import CUDARenderer
+
+try:
+  from cuda.bindings import driver, nvrtc
+except ImportError as e:  # the optional extra is missing: say how to get it
+  raise ImportError("the CUDA backend needs the 'cuda' extra: pip install 'fusegrad[cuda]' "
+                    "(cuda-bindings and nvidia-cuda-nvrtc)") from e
+
+STAGING_MIN = 1 << 20   # copies at least this big go through pinned host memory
+
+
+def check(result, what: str):
+  """Unwrap a cuda-bindings result tuple, raising RuntimeError with the error's name on failure."""
+  err, *rest = result if isinstance(result, tuple) else (result,)
+  if int(err) != 0:
+    name = err.name if hasattr(err, "name") else str(err)
+    raise RuntimeError(f"CUDA: {what} failed with {name}")
+  return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
+
+
+@functools.cache
+def gpu_available() -> bool:
+  try:
+    check(driver.cuInit(0), "cuInit")
+    return check(driver.cuDeviceGetCount(), "cuDeviceGetCount") > 0
+  except (RuntimeError, OSError):
+    return False
+
+
+@functools.cache
+def _context():
+  """The primary context of GPU 0, made current."""
+  if not gpu_available():
+    raise RuntimeError("CUDA: no usable GPU (cuInit or cuDeviceGetCount failed); use DEV=CPU, or only render and "
+                       "compile with `python -m fusegrad kernels --device CUDA`")
+  dev = check(driver.cuDeviceGet(0), "cuDeviceGet")
+  ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+  check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+  return dev, ctx
+
+
+def device_arch() -> str:
+  if config.CUDA_ARCH: return config.CUDA_ARCH
+  if not gpu_available(): return "sm_90"
+  dev, _ = _context()
+  major = check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                            dev), "cuDeviceGetAttribute")
+  minor = check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                            dev), "cuDeviceGetAttribute")
+  return f"sm_{major}{minor}"
+
+
+class CUDAAllocator(Allocator):
+  """Plain device allocations, pooled by size: a freed block is reused by the next alloc of that size."""
+
+  def __init__(self):
+    self.pool: dict[int, list[int]] = defaultdict(list)
+    self.staging: tuple[int, int] | None = None   # (pinned host pointer, size)
+
+  def alloc(self, nbytes: int) -> int:
+    _context()
+    if self.pool[nbytes]: return self.pool[nbytes].pop()
+    try:
+      return int(check(driver.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})"))
+    except RuntimeError:
+      self.release_pool()
+      return int(check(driver.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})"))
+
+  def free(self, handle: int, nbytes: int) -> None: self.pool[nbytes].append(handle)
+
+  def release_pool(self) -> None:
+    for blocks in self.pool.values():
+      for h in blocks: driver.cuMemFree(h)
+    self.pool.clear()
+
+  def _pinned(self, nbytes: int) -> int:
+    """A pinned host buffer of at least nbytes, kept for the next large copy."""
+    if self.staging is None or self.staging[1] < nbytes:
+      if self.staging is not None: driver.cuMemFreeHost(self.staging[0])
+      self.staging = (int(check(driver.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc")), nbytes)
+    return self.staging[0]
+
+  def copyin(self, handle: int, src: memoryview) -> None:
+    _context()
+    host = np.frombuffer(src, dtype=np.uint8)
+    if len(host) >= STAGING_MIN:
+      pinned = self._pinned(len(host))
+      ctypes.memmove(pinned, host.ctypes.data, len(host))
+      check(driver.cuMemcpyHtoD(handle, pinned, len(host)), "cuMemcpyHtoD")
+    else:
+      check(driver.cuMemcpyHtoD(handle, host.ctypes.data, len(host)), "cuMemcpyHtoD")
+
+  def copyout(self, dest: memoryview, handle: int) -> None:
+    _context()
+    host = np.frombuffer(dest, dtype=np.uint8)
+    if len(host) >= STAGING_MIN:
+      pinned = self._pinned(len(host))
+      check(driver.cuMemcpyDtoH(pinned, handle, len(host)), "cuMemcpyDtoH")
+      ctypes.memmove(host.ctypes.data, pinned, len(host))
+    else:
+      check(driver.cuMemcpyDtoH(host.ctypes.data, handle, len(host)), "cuMemcpyDtoH")
+
+
+class NVRTCCompiler(Compiler):
+  def __init__(self, arch: str):
+    self.arch = arch
+    self.cache_key = f"cuda {arch} nvrtc {'.'.join(map(str, check(nvrtc.nvrtcVersion(), 'nvrtcVersion')))}"
+
+  def compile(self, src: str) -> bytes:
+    prog = check(nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={self.arch}".encode(), b"-default-device", b"--std=c++17"]
+    result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if int(result[0]) != 0:
+      size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+      log = b" " * size
+      check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+      numbered = "\n".join(f"{i + 1:4d} {line}" for i, line in enumerate(src.splitlines()))
+      raise RuntimeError(f"CUDA compile failed ({self.arch}):\n{log.decode(errors='replace')}\n--- source ---\n"
+                         f"{numbered}")
+    size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+    cubin = b" " * size
+    check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    nvrtc.nvrtcDestroyProgram(prog)
+    return cubin
+
+
+class CUDAProgram:
+  """A loaded kernel; call with device pointers, int values and launch dims."""
+
+  def __init__(self, name: str, lib: bytes):
+    _context()
+    self.name = name
+    self.module = check(driver.cuModuleLoadData(lib), f"cuModuleLoadData({name})")
+    self.fn = check(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
+
+  def __call__(self, bufs: list, vals: tuple[int, ...] = (), global_size=(1, 1, 1), local_size=(1, 1, 1), wait=False):
+    args = [ctypes.c_uint64(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
+    params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+    gx, gy, gz = global_size
+    lx, ly, lz = local_size
+    if wait:
+      start, end = check(driver.cuEventCreate(0), "cuEventCreate"), check(driver.cuEventCreate(0), "cuEventCreate")
+      check(driver.cuEventRecord(start, 0), "cuEventRecord")
+    try:
+      check(driver.cuLaunchKernel(self.fn, gx, gy, gz, lx, ly, lz, 0, 0, ctypes.addressof(params), 0),
+            f"launch of {self.name} grid={tuple(global_size)} block={tuple(local_size)}")
+    except RuntimeError as e:
+      raise RuntimeError(f"{e} (kernel {self.name})") from e
+    if not wait: return None
+    check(driver.cuEventRecord(end, 0), "cuEventRecord")
+    check(driver.cuEventSynchronize(end), f"kernel {self.name}")
+    ms = check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+    driver.cuEventDestroy(start)
+    driver.cuEventDestroy(end)
+    return ms / 1e3
+
+
+def synchronize() -> None:
+  if gpu_available(): check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def make_device() -> Compiled:
+  arch = device_arch()
+  return Compiled("CUDA", CUDAAllocator(), CUDARenderer(arch), NVRTCCompiler(arch), CUDAProgram, synchronize)

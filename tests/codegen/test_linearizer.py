@@ -1,0 +1,213 @@
+"""UOp-level tests of the linearizer: what the flat program contains for a given kernel and set of opts.
+
+Kernels are built straight from the lazy graph (no Tensor frontend), so these tests pin down codegen alone: vector
+loads, grouped reduces with shared memory and barriers, load CSE, constant folding, and the invariants checked by
+verify_uops. Each Opt is also checked, alone and in combinations, against the unoptimized kernel's output.
+"""
+import itertools
+import numpy as np
+import pytest
+from fusegrad.dtype import dtypes
+from fusegrad.uop import Ops, Variable
+from fusegrad.lazy import LazyBuffer
+from fusegrad.engine.schedule import create_schedule
+from fusegrad.engine.realize import kernel_for, compile_kernel, run_kernel
+from fusegrad.codegen.kernel import Opt, OptOps, KernelOptError
+from fusegrad.codegen.linearizer import linearize, verify_uops
+
+rng = np.random.default_rng(0)
+
+
+def lb(shape, device="CPU", dtype=dtypes.float32):
+  return LazyBuffer.from_numpy(rng.standard_normal(shape).astype(dtype.np), dtype, device)
+
+
+def one_kernel(out: LazyBuffer):
+  sched = create_schedule([out])
+  assert len(sched) == 1, f"expected one kernel, got {len(sched)}"
+  return sched[0]
+
+
+def run_with(si, device, opts):
+  k = kernel_for(si.ast, device, opts)
+  ck = compile_kernel(k, device)
+  run_kernel(ck, si.bufs, si.var_vals)
+  return si.bufs[0].numpy().copy(), ck
+
+
+def uops_of(si, device, opts):
+  k = kernel_for(si.ast, device, opts)
+  lin = linearize(k)
+  verify_uops(lin.uops)
+  return lin.uops
+
+
+def matmul(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
+  n, k = a.shape
+  _, m = b.shape
+  x = a.reshape((n, 1, k)).expand((n, m, k))
+  y = b.permute((1, 0)).reshape((1, m, k)).expand((n, m, k))
+  return x.alu(Ops.MUL, y).r(Ops.ADD, (2,))
+
+
+def test_unit_stride_upcast_gives_one_vector_load():
+  """A unit-stride axis upcast by 4 loads with one float4 LOAD and four GEPs instead of four scalar LOADs."""
+  a = lb((8, 16))
+  si = one_kernel(a.alu(Ops.ADD, a.const_like(1.0)))
+  uops = uops_of(si, "CPU", [Opt(OptOps.UPCAST, 0, 4)])
+  loads = [u for u in uops if u.op is Ops.LOAD]
+  assert len(loads) == 1 and loads[0].dtype is dtypes.float4
+  assert sum(u.op is Ops.GEP for u in uops) == 4
+  stores = [u for u in uops if u.op is Ops.STORE]
+  assert len(stores) == 1 and stores[0].src[2].dtype is dtypes.float4
+
+
+def test_strided_upcast_stays_scalar():
+  """An upcast axis with stride != 1 (a transposed read) is loaded lane by lane."""
+  a = lb((16, 8))
+  si = one_kernel(a.permute((1, 0)).alu(Ops.ADD, a.permute((1, 0)).const_like(1.0)).contiguous())
+  uops = uops_of(si, "CPU", [Opt(OptOps.UPCAST, 1, 4)])
+  loads = [u for u in uops if u.op is Ops.LOAD]
+  assert all(u.dtype is dtypes.float32 for u in loads) and len(loads) == 4
+  assert next(u for u in uops if u.op is Ops.STORE).src[2].dtype is dtypes.float4
+
+
+def test_grouped_reduce_emits_local_buffer_and_barrier():
+  """GROUP splits a reduce across threads: partials go to a DEFINE_LOCAL, a BARRIER, then one thread (IF) finishes."""
+  a = lb((4, 256), "PYTHON")
+  si = one_kernel(a.r(Ops.ADD, (1,)))
+  uops = uops_of(si, "PYTHON", [Opt(OptOps.GROUP, 0, 16)])
+  ops = [u.op for u in uops]
+  assert ops.count(Ops.DEFINE_LOCAL) == 1 and ops.count(Ops.BARRIER) == 1 and ops.count(Ops.IF) == 1
+  out, _ = run_with(si, "PYTHON", [Opt(OptOps.GROUP, 0, 16)])
+  np.testing.assert_allclose(out, a.base.buffer.numpy().reshape(4, 256).sum(1), rtol=1e-5)
+
+
+def test_grouptop_with_locals_and_upcast_on_python():
+  """GROUPTOP combined with LOCAL and UPCAST still gives the unoptimized result."""
+  a = lb((32, 64), "PYTHON")
+  si = one_kernel(a.r(Ops.MAX, (1,)))
+  want, _ = run_with(si, "PYTHON", [])
+  got, _ = run_with(si, "PYTHON", [Opt(OptOps.GROUPTOP, 0, 8), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.UPCAST, 0, 2)])
+  np.testing.assert_allclose(got, want)
+
+
+def test_load_cse():
+  """A buffer read twice through the same view is loaded once."""
+  a = lb((64,))
+  si = one_kernel(a.alu(Ops.MUL, a).alu(Ops.ADD, a))
+  uops = uops_of(si, "CPU", [])
+  assert sum(u.op is Ops.LOAD for u in uops) == 1
+
+
+def test_zero_folding_in_index():
+  """Index math folds away: a contiguous elementwise kernel stores at exactly the loop index."""
+  a = lb((64,))
+  si = one_kernel(a.alu(Ops.ADD, a.const_like(2.0)))
+  uops = uops_of(si, "CPU", [])
+  store = next(u for u in uops if u.op is Ops.STORE)
+  assert store.src[1].op is Ops.LOOP
+
+
+def test_constants_are_literals():
+  """Constants do not become buffers: x*2+1 has one input buffer."""
+  a = lb((32,))
+  si = one_kernel(a.alu(Ops.MUL, a.const_like(2.0)).alu(Ops.ADD, a.const_like(1.0)))
+  assert len(si.bufs) == 2
+  assert sum(u.op is Ops.DEFINE_GLOBAL for u in uops_of(si, "CPU", [])) == 2
+
+
+def test_masked_view_gives_gated_load():
+  """A padded read is a LOAD with a valid gate and an alternative value."""
+  a = lb((8,))
+  si = one_kernel(a.pad(((2, 2),)).contiguous())
+  uops = uops_of(si, "CPU", [])
+  load = next(u for u in uops if u.op is Ops.LOAD)
+  assert len(load.src) == 4 and load.src[2].dtype is dtypes.bool
+
+
+def test_accumulator_updated_by_phi():
+  """A reduce keeps its running value in a DEFINE_ACC that only PHI updates."""
+  a = lb((8, 32))
+  si = one_kernel(a.r(Ops.ADD, (1,)))
+  uops = uops_of(si, "CPU", [])
+  acc = [u for u in uops if u.op is Ops.DEFINE_ACC]
+  assert len(acc) == 1
+  users = [u for u in uops if acc[0] in u.src]
+  assert {u.op for u in users} <= {Ops.PHI, Ops.ADD}
+
+
+def test_loop_invariant_code_leaves_the_reduce_loop():
+  """Values that don't depend on the reduce loop are computed before it."""
+  a, b = lb((8, 32)), lb((8, 1))
+  si = one_kernel(a.alu(Ops.ADD, b.expand((8, 32))).r(Ops.ADD, (1,)))
+  uops = uops_of(si, "CPU", [])
+  loop = next(i for i, u in enumerate(uops) if u.op is Ops.LOOP and u.arg.startswith("ridx"))
+  b_load = next(i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.src[0].arg == 2)
+  assert b_load < loop
+
+
+OPT_CASES = [
+  [Opt(OptOps.UPCAST, 0, 4)], [Opt(OptOps.UPCAST, 1, 4)], [Opt(OptOps.UNROLL, 0, 4)], [Opt(OptOps.UNROLL, 0, 0)],
+  [Opt(OptOps.LOCAL, 0, 4)], [Opt(OptOps.LOCAL, 1, 8)], [Opt(OptOps.GROUP, 0, 8)], [Opt(OptOps.GROUPTOP, 0, 16)],
+  [Opt(OptOps.NOLOCALS)],
+]
+
+
+@pytest.mark.parametrize("device", ["PYTHON", "CPU"])
+@pytest.mark.parametrize("opts", OPT_CASES + [list(c) for c in itertools.combinations(
+  [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 1, 4), Opt(OptOps.GROUPTOP, 0, 4)], 2)],
+  ids=str)
+def test_each_opt_matches_unoptimized(device, opts):
+  """Every Opt, alone and in pairs, computes what the unoptimized matmul kernel computes."""
+  a, b = lb((16, 32), device), lb((32, 24), device)
+  si = one_kernel(matmul(a, b))
+  want, _ = run_with(si, device, [])
+  try:
+    got, _ = run_with(si, device, opts)
+  except KernelOptError:
+    assert device == "CPU" and any(o.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP) for o in opts)
+    return
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_opts_raise():
+  """Opts that don't fit the kernel raise KernelOptError naming the problem."""
+  a = lb((16, 32))
+  si = one_kernel(a.r(Ops.ADD, (1,)))
+  with pytest.raises(KernelOptError, match="divide"):
+    kernel_for(si.ast, "CPU", [Opt(OptOps.UPCAST, 0, 5)])
+  with pytest.raises(KernelOptError, match="axis"):
+    kernel_for(si.ast, "CPU", [Opt(OptOps.UPCAST, 3, 2)])
+  with pytest.raises(KernelOptError, match="thread blocks"):
+    kernel_for(si.ast, "CPU", [Opt(OptOps.LOCAL, 0, 4)])
+
+
+def test_symbolic_shape_compiles_once():
+  """A kernel over a bound Variable takes it as an int parameter; the same program serves every value."""
+  n = Variable("n", 1, 64)
+  programs = set()
+  for val in (3, 17, 40):
+    data = rng.standard_normal(64).astype(np.float32)
+    full = LazyBuffer.from_numpy(data, dtypes.float32, "CPU")
+    view = full.shrink(((0, n.bind(val)),))
+    si = one_kernel(view.alu(Ops.MUL, view).contiguous())
+    k = kernel_for(si.ast, "CPU", [])
+    ck = compile_kernel(k, "CPU")
+    programs.add(ck.src)
+    assert [v.arg.name for v in ck.lin.vars] == ["n"]
+    out = np.zeros(val, np.float32)
+    si.bufs[0].allocate()
+    run_kernel(ck, si.bufs, si.var_vals)
+    out = si.bufs[0].numpy()
+    np.testing.assert_allclose(out, data[:val] ** 2, rtol=1e-6)
+  assert len(programs) == 1
+
+
+def test_verify_uops_catches_broken_lists():
+  """verify_uops rejects a list where a value is used before it is defined."""
+  a = lb((8,))
+  uops = uops_of(one_kernel(a.alu(Ops.ADD, a.const_like(1.0))), "CPU", [])
+  broken = [uops[0]] + uops[2:] + [uops[1]]
+  with pytest.raises(AssertionError):
+    verify_uops(broken)
