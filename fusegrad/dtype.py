@@ -202,8 +202,7 @@ def least_upper_dtype(*dts: DType) -> DType:
 
 
 def sum_acc_dtype(dt: DType) -> DType:
-  """What sum() returns, as torch: bools and ints accumulate in int64 (uint64 stays), floats keep their type."""
-  if dt is dtypes.uint64: return dt
+  """What sum() returns, as torch: bools and ints (uint64 too) accumulate in int64, floats keep their type."""
   if dt in _INTS or dt is dtypes.bool: return dtypes.int64
   return dt
 

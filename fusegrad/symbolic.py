@@ -169,6 +169,7 @@ identities = PatternMatcher([
   (x + 0, lambda x: x),                      # x + 0 -> x
   (x - 0, lambda x: x),                      # x - 0 -> x
   (x * 1, lambda x: x),                      # x * 1 -> x
+  (UPat(Ops.MUL, src=[x, UPat.const(1.0)]), lambda x: x),  # x * 1.0 -> x: exact for floats, unlike x + 0.0
   (UPat(Ops.MUL, dtype=ints + (dtypes.bool,), src=[x, UPat.const(0)]), lambda x: x.const_like(0)),  # x*0 -> 0
   (UPat(Ops.MUL, dtype=ints + (dtypes.bool,), src=[x, UPat.const(False)]), lambda x: x.const_like(0)),
   (x // 1, lambda x: x),                     # x // 1 -> x

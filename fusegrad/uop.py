@@ -116,6 +116,7 @@ class UOp:
     return ret
 
   def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable (tried to set {name})")
+  def __delattr__(self, name): raise AttributeError(f"UOp is immutable (tried to delete {name})")
   def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg))
   def __bool__(self): raise TypeError(f"a UOp has no truth value (it is an expression: {self.render()})")
   def __repr__(self) -> str: return pretty(self)
@@ -376,6 +377,13 @@ def render_expr(u: UOp) -> str:
   return _render(u, 0)
 
 
+def _negation_factors_out(u: UOp) -> bool:
+  """Whether `a+` and the printed `-...` of u may print as `a-...`: true when u's first term is a product or
+  quotient of its leading factor, false for a floor division or modulo (`a+(-b)//2` is not `a-b//2`)."""
+  while u.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV): u = u.src[0]
+  return u.op not in (Ops.IDIV, Ops.MOD)
+
+
 def _render(u: UOp, parent_prec: int) -> str:
   if u.op is Ops.CONST: return str(u.arg) if u.dtype.count == 1 else f"{u.dtype.name}({u.arg})"
   if u.op is Ops.DEFINE_VAR: return u.arg.name
@@ -388,11 +396,13 @@ def _render(u: UOp, parent_prec: int) -> str:
     # right operand of a non-associative op binds tighter
     right_prec = prec if u.op in (Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR) else prec + 1
     b = _render(u.src[1], right_prec)
-    if u.op is Ops.ADD and b.startswith("-"): text = f"{a}{b}" if not b[1:].isdigit() else f"{a}-{b[1:]}"
+    if u.op is Ops.ADD and b.startswith("-") and _negation_factors_out(u.src[1]): text = f"{a}{b}"
     else: text = f"{a}{_INFIX[u.op]}{b}"
     if u.op is Ops.ADD and u.src[1].op is Ops.CONST and isinstance(u.src[1].arg, int) and u.src[1].arg < 0:
       text = f"{a}-{-u.src[1].arg}"
-    return f"({text})" if prec < parent_prec or (prec == parent_prec and u.op in (Ops.IDIV, Ops.MOD)) else text
+    # `(a//4)%3` and `(a<b)<c`: floor division, modulo and comparisons are not associative (and Python chains `<`)
+    nonassoc = u.op in (Ops.IDIV, Ops.MOD) or u.op in GroupOp.Comparison
+    return f"({text})" if prec < parent_prec or (prec == parent_prec and nonassoc) else text
   if u.op is Ops.NEG: return f"-{_render(u.src[0], 8)}"
   if u.op is Ops.MAX: return f"max({_render(u.src[0], 0)}, {_render(u.src[1], 0)})"
   if u.op is Ops.WHERE: return f"({_render(u.src[0], 0)} ? {_render(u.src[1], 0)} : {_render(u.src[2], 0)})"

@@ -31,14 +31,14 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
 
 
 def _group_small_output(k: Kernel) -> None:
-  """Few outputs, long reduce: split the reduce across 256 threads, each starting far apart (GROUPTOP)."""
+  """Few outputs, long reduce: split the reduce across up to 256 threads, neighbours reading neighbours (GROUP)."""
   out_size = prod(_int(s) or 1 << 20 for s in k.full_shape[:k.first_reduce])
   reduce_axis = k.first_upcast - 1
   if reduce_axis < k.first_reduce or out_size > 2048: return
   size = _int(k.full_shape[reduce_axis])
   if size is None or size < 256: return
   for amount in (256, 128, 64, 32, 16):
-    if size % amount == 0 and _try(k, Opt(OptOps.GROUPTOP, reduce_axis - k.first_reduce, amount)): return
+    if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 
 
 def _upcast_broadcast_axes(k: Kernel) -> None:

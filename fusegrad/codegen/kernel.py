@@ -13,6 +13,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.uop import UOp, Ops
 from fusegrad.shape.shapetracker import ShapeTracker
 from fusegrad.renderer.cstyle import Renderer
+from fusegrad.codegen.tensor_cores import TCPlan, match_matmul, M as TC_M, N as TC_N, K as TC_K
 
 
 class OptOps(Enum):
@@ -62,7 +63,7 @@ class Kernel:
     self.upcasted = 0
     self.dont_use_locals = not opts.has_local
     self.applied_opts: list[Opt] = []
-    self.tensor_core = None
+    self.tensor_core: TCPlan | None = None
     # reduce axes last, then drop size-1 axes and merge what can be merged
     reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
@@ -188,6 +189,9 @@ class Kernel:
     return base + opt.axis
 
   def _apply_opt(self, opt: Opt) -> None:
+    if opt.op is OptOps.TC: return self.apply_tensor_cores()
+    _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL),
+           f"{opt}: after TC only UPCAST and UNROLL may follow (the warp layout is fixed)")
     if opt.op is OptOps.NOLOCALS:
       _check(self.local_dims == 0 and self.group_for_reduces == 0, f"{opt}: locals are already in use")
       self.dont_use_locals = True
@@ -208,7 +212,7 @@ class Kernel:
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
       _check(prod(self.full_shape[self.global_dims:self.first_reduce]) * amount <= self.opts.local_max_threads,
              f"{opt}: more than {self.opts.local_max_threads} threads per block")
-      self.shift_to(axis, amount, top=opt.op is OptOps.LOCAL, insert_before=self.first_reduce)
+      self.shift_to(axis, amount, top=opt.op is OptOps.LASTLOCAL, insert_before=self.first_reduce)
       self.local_dims += 1
     elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
       _check(self.reduceop is not None and self.group_for_reduces == 0, f"{opt}: needs a reduce, grouped once")
@@ -218,6 +222,40 @@ class Kernel:
     else:
       raise KernelOptError(f"{opt}: {opt.op.name} is not supported on this kernel")
     self.simplify_ones()
+
+  def apply_tensor_cores(self) -> None:
+    """Map SUM(A*B) of fp16/bf16 loads onto mma m16n8k16: M splits into (.., mh 2 upcast, g 8 local), N into
+    (.., t 4 local, nl 2 upcast) and K into (.., 16 unrolled)."""
+    _check("m16n8k16" in self.opts.tensor_cores, f"TC: the {self.opts.device} device has no tensor cores")
+    _check(not self.applied_opts and not self.dont_use_locals, "TC: must be the first opt, on a kernel with locals")
+    loads = match_matmul(self.reduceop)
+    _check(loads is not None, "TC: the reduce is not a sum of products of two float16/bfloat16 loads")
+    _check(self.first_upcast - self.first_reduce == 1, "TC: needs exactly one reduce axis")
+    a, b = loads
+    k_axis = self.first_reduce
+    axes = self._tc_axes(a, b) or self._tc_axes(b, a)
+    _check(axes is not None, f"TC: no M/N axes divisible by {TC_M}/{TC_N} in {self.full_shape}")
+    _check(self.full_shape[k_axis] % TC_K == 0, f"TC: reduce size {self.full_shape[k_axis]} is not a multiple of 16")
+    m_axis, n_axis, a, b = axes
+    self.shift_to(m_axis, 8, insert_before=self.first_reduce)      # g: 8 threads
+    self.local_dims += 1
+    self.shift_to(n_axis, 2)                                        # nl: 2 lanes
+    self.upcasted += 1
+    self.shift_to(n_axis, 4, insert_before=self.first_reduce)      # t: 4 threads
+    self.local_dims += 1
+    self.shift_to(m_axis, 2)                                        # mh: 2 lanes, after nl
+    self.upcasted += 1
+    self.shift_to(self.first_reduce, TC_K)                          # k: 16, unrolled
+    self.upcasted += 1
+    self.simplify_ones()
+    self.tensor_core = TCPlan(a, b, a.dtype)
+
+  def _tc_axes(self, a: UOp, b: UOp):
+    sa, sb = self.sts[self.accesses.index(a)].real_strides(), self.sts[self.accesses.index(b)].real_strides()
+    fs = self.full_shape
+    ms = [i for i in range(self.first_reduce) if sa[i] != 0 and sb[i] == 0 and isinstance(fs[i], int) and fs[i] % 16 == 0]
+    ns = [i for i in range(self.first_reduce) if sa[i] == 0 and sb[i] != 0 and isinstance(fs[i], int) and fs[i] % 8 == 0]
+    return (ms[-1], ns[-1], a, b) if ms and ns else None
 
   # ***** helpers for heuristics *****
   def upcast_size(self) -> int: return int(prod(self.full_shape[i] for i in self.upcasted_axes()))

@@ -20,6 +20,7 @@ from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg
 from fusegrad.rewrite import graph_rewrite
 from fusegrad.symbolic import symbolic, simplify
 from fusegrad.codegen.kernel import Kernel
+from fusegrad.codegen.tensor_cores import WMMAArg, a_pos, b_pos, A_REGS, B_REGS, C_REGS
 
 
 @dataclass
@@ -254,14 +255,62 @@ class Lowerer:
     for i in range(first_loop, k.first_upcast):
       parent = self.loop(f"ridx{i - first_loop}", fs[i], parent)
       idxs[i] = parent
-    values = self.lower_node(red.src[0], idxs, zero_reduce=False)
     out_key = {ln: self.lane_key(ln, True) for ln in self.lanes}
+    if k.tensor_core is not None:
+      accs = self.lower_tensor_cores(red, idxs)
+      return [UOp(Ops.CAST, red.dtype, (accs[out_key[ln]],)) if red.dtype is not dtypes.float32
+              else accs[out_key[ln]] for ln in self.lanes], None, idxs
+    values = self.lower_node(red.src[0], idxs, zero_reduce=False)
     accs = self.accumulate(arg.op, red.dtype, values, out_key, self.outer_blocks)
     for n in list(self.values):  # values inside the reduce are not visible after it
       if n is not red: del self.values[n]
     if k.group_for_reduces == 0:
       return [accs[out_key[ln]] for ln in self.lanes], None, idxs
     return self.group_reduce(red, arg, accs, out_key, idxs)
+
+  def lower_tensor_cores(self, red: UOp, idxs) -> dict:
+    """One WMMA per combination of the non-TC upcast lanes; fragments are loaded per the m16n8k16 layout."""
+    k, plan = self.k, self.k.tensor_core
+    g, t = idxs[k.first_reduce - 2], idxs[k.first_reduce - 1]
+    ax_g, ax_t = k.first_reduce - 2, k.first_reduce - 1
+    ax_nl, ax_mh, ax_k = k.first_upcast, k.first_upcast + 1, k.first_upcast + 2
+    pos = {ax: j for j, ax in enumerate(self.up_axes)}
+    others = [j for j in range(len(self.up_axes)) if self.up_axes[j] not in (ax_nl, ax_mh, ax_k)]
+    st_a, st_b = k.sts[k.accesses.index(plan.a)], k.sts[k.accesses.index(plan.b)]
+    zero = UOp.const(dtypes.index, 0)
+
+    def fragment(st, buf, lane, axis_values: dict) -> UOp:
+      base = self.lane_indices(idxs, lane, zero_reduce=False)
+      for ax, v in axis_values.items(): base[ax] = v
+      return self.emit_load(buf, st.expr_idxs([simplify(x) for x in base]), plan.dtype_in, None)
+    accs: dict[tuple, UOp] = {}
+    for other in itertools.product(*[range(self.up_sizes[j]) for j in others]):
+      lane = [0] * len(self.up_axes)
+      for j, v in zip(others, other): lane[j] = v
+      a_vals, b_vals = [], []
+      for i in range(A_REGS):
+        m, kk = a_pos(g, t, i)
+        a_vals.append(fragment(st_a, plan.a.src[0], tuple(lane), {ax_g: m % 8, ax_mh: m // 8, ax_k: kk, ax_t: zero,
+                                                                  ax_nl: zero}))
+      for i in range(B_REGS):
+        kk, n = b_pos(g, t, i)
+        b_vals.append(fragment(st_b, plan.b.src[0], tuple(lane), {ax_t: n // 2, ax_nl: n % 2, ax_k: kk, ax_g: zero,
+                                                                  ax_mh: zero}))
+      keys = []
+      for i in range(C_REGS):
+        acc_lane = list(lane)
+        acc_lane[pos[ax_mh]], acc_lane[pos[ax_nl]] = i >> 1, i & 1
+        key = self.lane_key(tuple(acc_lane), True)
+        if key not in accs:
+          accs[key] = UOp(Ops.DEFINE_ACC, dtypes.float32, (UOp.const(dtypes.float32, 0),) + self.outer_blocks,
+                          self.acc_count)
+          self.acc_count += 1
+        keys.append(key)
+      wmma = UOp(Ops.WMMA, dtypes.float32.vec(4), tuple(a_vals + b_vals + [accs[key] for key in keys]),
+                 WMMAArg(plan.dtype_in, dtypes.float32))
+      for i, key in enumerate(keys): accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32,
+                                                                                             (wmma,), i)))
+    return accs
 
   def group_reduce(self, red: UOp, arg: ReduceArg, accs: dict, out_key: dict, idxs):
     """Partial results of each thread meet in shared memory; the thread with group index 0 finishes."""

@@ -272,6 +272,10 @@ __device__ inline float fg_f16_load(unsigned short h) { float f; asm("cvt.f32.f1
 __device__ inline unsigned short fg_f16_store(float f) { unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ inline float fg_f16_round(float f) { return fg_f16_load(fg_f16_store(f)); }
+__device__ inline unsigned fg_pack_f16(float lo, float hi) { return (unsigned)fg_f16_store(lo) |
+  ((unsigned)fg_f16_store(hi) << 16); }
+__device__ inline unsigned fg_pack_bf16(float lo, float hi) { return (unsigned)fg_bf16_store(lo) |
+  ((unsigned)fg_bf16_store(hi) << 16); }
 template <typename T, typename F> __device__ inline T fg_bitcast(F f) { union { F a; T b; } u; u.a = f; return u.b; }
 """
 
@@ -287,7 +291,8 @@ class CUDARenderer(CStyleRenderer):
   def __init__(self, arch: str = "sm_90"):
     super().__init__(device="CUDA", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
-                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024, arch=arch)
+                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024, arch=arch,
+                     tensor_cores=("m16n8k16",) if arch >= "sm_80" else ())
 
   def prelude(self, uops: list[UOp]) -> str: return CUDA_PRELUDE
 
@@ -302,6 +307,16 @@ class CUDARenderer(CStyleRenderer):
   def vector_literal(self, parts: list[str], dt: DType) -> str: return f"make_{dt.name}({', '.join(parts)})"
   def gep(self, vec: str, lane: int) -> str: return f"{vec}.{_CUDA_VECTOR_FIELDS[lane]}"
   def bitcast_expr(self, from_t: str, to_t: str, val: str) -> str: return f"fg_bitcast<{to_t}, {from_t}>({val})"
+
+  def wmma(self, u: UOp, name: str, args: list[str]) -> str:
+    """One mma.sync m16n8k16 in inline PTX: halves are packed two to a 32-bit register, accumulators are fp32."""
+    kind = "f16" if u.arg.dtype_in is dtypes.float16 else "bf16"
+    a = [f"fg_pack_{kind}({args[2 * j]}, {args[2 * j + 1]})" for j in range(4)]
+    b = [f"fg_pack_{kind}({args[8 + 2 * j]}, {args[9 + 2 * j]})" for j in range(2)]
+    outs = ", ".join(f'"=f"({name}.{f})' for f in "xyzw")
+    ins = ", ".join([f'"r"({x})' for x in a + b] + [f'"f"({c})' for c in args[12:16]])
+    return (f'float4 {name}; asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 '
+            f'{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%10,%11,%12,%13}};" : {outs} : {ins});')
 
   def kernel_header(self, name: str, params: list[str], uops: list[UOp]) -> str:
     threads = 1

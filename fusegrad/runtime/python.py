@@ -13,6 +13,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop import UOp, Ops, GroupOp, pretty
 from fusegrad.device import Allocator, Compiler, Compiled
 from fusegrad.renderer.cstyle import Renderer
+from fusegrad.codegen.tensor_cores import a_pos, b_pos, c_pos, M, N, K
 
 
 class PythonRenderer(Renderer):
@@ -20,7 +21,8 @@ class PythonRenderer(Renderer):
   def __init__(self):
     super().__init__(device="PYTHON", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32, dtypes.int32}), global_max=(2**31 - 1, 65535, 65535),
-                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024)
+                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024,
+                     tensor_cores=("m16n8k16",))
 
   def render(self, name: str, uops: list[UOp]) -> str:
     index = {u: i for i, u in enumerate(uops)}
@@ -159,6 +161,7 @@ class _Interpreter:
       elif op is Ops.CAST: v[pc] = self.cast(v[src[0]], prog[src[0]][1], dt)
       elif op is Ops.BITCAST:
         v[pc] = np.ascontiguousarray(np.broadcast_to(v[src[0]], (self.n,))).view(_np(dt))
+      elif op is Ops.WMMA: v[pc] = self.wmma(arg, [v[s] for s in src])
       elif op in GroupOp.ALU:
         with np.errstate(all="ignore"): v[pc] = run_alu(op, dt, [v[s] for s in src])
       else: raise NotImplementedError(f"PYTHON backend: {op} is not supported")
@@ -213,6 +216,22 @@ class _Interpreter:
       vals = (_round_bf16(vals.astype(np.float32)).view(np.uint32) >> 16).astype(np.uint16)
     if kind == "global": mem[lanes[active]] = vals[active].astype(mem.dtype, copy=False)
     else: mem[self.block[active, None], lanes[active]] = vals[active]
+
+  def wmma(self, arg, vals: list) -> np.ndarray:
+    """Emulate mma.sync m16n8k16 across each warp: gather fragments into matrices, multiply, scatter D back."""
+    lane = self.local % 32
+    warp = (self.block * self.n_local + self.local) // 32
+    n_warps = int(warp.max()) + 1
+    g, t = lane // 4, lane % 4
+    rnd = (lambda x: _round_bf16(x)) if arg.dtype_in is dtypes.bfloat16 else (lambda x: x.astype(np.float16))
+    a = np.zeros((n_warps, M, K), np.float32)
+    b = np.zeros((n_warps, K, N), np.float32)
+    c = np.zeros((n_warps, M, N), np.float32)
+    for i in range(8): a[(warp,) + a_pos(g, t, i)] = rnd(np.broadcast_to(vals[i], (self.n,)).astype(np.float32))
+    for i in range(4): b[(warp,) + b_pos(g, t, i)] = rnd(np.broadcast_to(vals[8 + i], (self.n,)).astype(np.float32))
+    for i in range(4): c[(warp,) + c_pos(g, t, i)] = np.broadcast_to(vals[12 + i], (self.n,))
+    d = np.matmul(a.astype(np.float32), b.astype(np.float32)) + c
+    return np.stack([d[(warp,) + c_pos(g, t, i)] for i in range(4)], axis=-1).astype(np.float32)
 
   def cast(self, x, src_dt: DType, dt: DType) -> np.ndarray:
     x = np.asarray(x)

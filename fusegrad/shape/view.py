@@ -118,7 +118,8 @@ def _grows(a: Monomial, b: Monomial) -> bool | None:
 
 
 def _match_groups(old: list[sint], new: list[sint]) -> list[tuple[range, range]] | None:
-  """Pair runs of old and new dims (none of size 1) with equal products, each run as short as possible."""
+  """Pair runs of old and new dims (none of size 1, same total size) with equal products, each run as short as
+  possible. When symbolic sizes can't be ordered, all remaining dims form one last run."""
   groups: list[tuple[range, range]] = []
   i = j = 0
   while i < len(old) and j < len(new):
@@ -127,7 +128,8 @@ def _match_groups(old: list[sint], new: list[sint]) -> list[tuple[range, range]]
     i, j = i + 1, j + 1
     while a != b:
       grow_old = _grows(a, b)
-      if grow_old is None or (i == len(old) if grow_old else j == len(new)): return None
+      if grow_old is None: return groups + [(range(i0, len(old)), range(j0, len(new)))]
+      if i == len(old) if grow_old else j == len(new): return None
       if grow_old:
         a, i = _mono_mul(a, _monomial(old[i])), i + 1
       else:
@@ -183,6 +185,7 @@ def _merge_axes(sizes: list[sint], strides: list[sint], masks: list[tuple[sint, 
 
 def _split_mask(lo: sint, hi: sint, sizes: list[sint]) -> list[tuple[sint, sint]] | None:
   """The interval [lo, hi) of a flat index as a box over `sizes`, or None when it isn't a box."""
+  if len(sizes) == 1: return [(lo, hi)]
   if _is_full((lo, hi), canon(prod(sizes))): return [(0, s) for s in sizes]
   if not all_int([lo, hi, *sizes]): return None
   out: list[tuple[sint, sint]] = []

@@ -106,7 +106,7 @@ def draw_op(data, shape: tuple[int, ...]) -> tuple[str, tuple] | None:
   return "stride", tuple(data.draw(st.sampled_from([1, -1] if op == "flip" else [1, 2, -2])) for _ in shape)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.data())
 def test_random_movement_chains_match_numpy(data) -> None:
   shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=4)))
@@ -237,6 +237,12 @@ def test_compose() -> None:
   check_against(inner + outer, base[::-1, ::2].T)
 
 
+def test_expr_idxs_with_given_idxs() -> None:
+  row, col = Variable("row", 0, 3), Variable("col", 0, 2)
+  index, valid = ShapeTracker.from_shape((3, 4)).permute((1, 0)).pad(((0, 0), (1, 0))).expr_idxs([row, col])
+  assert index.render() == "col*4+row-4" and valid.render() == "0<col"
+
+
 def test_repr() -> None:
   assert repr(ShapeTracker.from_shape((3, 4)).permute((1, 0))) == \
     "ShapeTracker(View(shape=(4, 3), strides=(1, 4), offset=0, mask=None))"
@@ -257,32 +263,39 @@ def test_errors() -> None:
 N = Variable("n", 1, 10)
 
 
-def test_symbolic_reshape_expand_permute() -> None:
+@pytest.mark.parametrize("start, steps, n_views", [
+  (lambda n: (n, 4), lambda n: [("reshape", (n, 2, 2)), ("permute", (1, 0, 2))], 1),
+  (lambda n: (1, 6), lambda n: [("expand", (n, 6)), ("reshape", (n, 2, 3)), ("permute", (2, 1, 0))], 1),
+  (lambda n: (n, 3), lambda n: [("pad", ((1, 0), (0, 0))), ("stride", (-1, 1)), ("shrink", ((0, 2), (1, 3)))], 1),
+  (lambda n: (n, 4), lambda n: [("permute", (1, 0)), ("reshape", (4 * n,))], 2),
+  (lambda n: (n, 4), lambda n: [("pad", ((1, 1), (0, 0))), ("reshape", ((n + 2) * 4,))], 1),
+  (lambda n: (n, 4), lambda n: [("pad", ((1, 1), (0, 0))), ("reshape", (n + 2, 2, 2))], 1),
+  (lambda n: (4, n), lambda n: [("reshape", (2, 2, n)), ("permute", (2, 0, 1)), ("reshape", (n, 4))], 1),
+  (lambda n: (n, 2), lambda n: [("permute", (1, 0)), ("reshape", (2 * n,)), ("reshape", (2, n))], 1),
+], ids=["split permute", "expand split", "pad flip shrink", "stacked", "pad merge", "pad split", "permute merge",
+        "merge back"])
+def test_symbolic_chains(start, steps, n_views) -> None:
+  """Build with n bound to 3, then check the unbound tracker at several values of n against numpy."""
+  bound = N.bind(3)
+  tracker = ShapeTracker.from_shape(start(bound))
+  for op, arg in steps(bound):
+    tracker = getattr(tracker, op)(arg)
+  assert len(tracker.views) == n_views, tracker
+  assert tracker.vars() == {N} and tracker.var_vals == {N: 3}
+  unbound, values = tracker.unbind()
+  assert values == {N: 3} and unbound.var_vals == {} and unbound.vars() == {N}
+  for value in (1, 3, 7, 10):
+    shape = start(value)
+    _, expected = apply_ops(ShapeTracker.from_shape(shape), np.arange(prod(shape)).reshape(shape), *steps(value))
+    check_against(unbound, expected, {"n": value})
+
+
+def test_symbolic_shape_fields() -> None:
   n = N.bind(3)
   tracker = ShapeTracker.from_shape((n, 4)).reshape((n, 2, 2)).permute((1, 0, 2))
-  assert len(tracker.views) == 1 and tracker.vars() == {N} and tracker.var_vals == {N: 3}
-  unbound, values = tracker.unbind()
-  assert values == {N: 3} and unbound.shape == (2, N, 2) and unbound.var_vals == {}
-  for value in (1, 3, 10):
-    check_against(unbound, np.arange(value * 4).reshape(value, 2, 2).transpose(1, 0, 2), {"n": value})
-
-
-def test_symbolic_expand_and_merge() -> None:
-  n = N.bind(5)
-  tracker = ShapeTracker.from_shape((1, 6)).expand((n, 6)).reshape((n, 2, 3))
-  assert len(tracker.views) == 1 and tracker.real_strides() == (0, 3, 1)
+  assert tracker.shape == (2, n, 2) and tracker.unbind()[0].shape == (2, N, 2)
+  assert tracker.real_strides() == (2, 4, 1) and tracker.unit_stride_axes() == [2]
   merged = ShapeTracker.from_shape((n, 2, 3)).reshape((n * 6,))
   assert merged.contiguous and merged.size is merged.shape[0]
-  unbound, _ = tracker.unbind()
-  for value in (1, 4, 10):
-    check_against(unbound, np.broadcast_to(np.arange(6).reshape(1, 6), (value, 6)).reshape(value, 2, 3), {"n": value})
-
-
-def test_symbolic_pad_shrink_flip() -> None:
-  n = N.bind(4)
-  tracker = ShapeTracker.from_shape((n, 3)).pad(((1, 0), (0, 0))).stride((-1, 1)).shrink(((0, 2), (1, 3)))
-  unbound, values = tracker.unbind()
-  assert values == {N: 4}
-  for value in (1, 2, 7):
-    expected = NUMPY_OPS["pad"](np.arange(value * 3).reshape(value, 3), ((1, 0), (0, 0)))[::-1][0:2, 1:3]
-    check_against(unbound, expected, {"n": value})
+  expanded = ShapeTracker.from_shape((1, 6)).expand((n, 6))
+  assert expanded.real_strides() == (0, 1) and expanded.size == 6

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from fusegrad.helpers import prod
 from fusegrad.shape import View
+from fusegrad.shape.view import linear_form
 from fusegrad.uop import Variable
 
 PAD = -1
@@ -234,6 +235,13 @@ def test_to_indexed_uops() -> None:
     View.create((4, 6)).to_indexed_uops([a])
 
 
+def test_linear_form() -> None:
+  a, b, n = Variable("a", 0, 3), Variable("b", 0, 5), Variable("n", 1, 8)
+  assert linear_form(a * 3 + b * n + 7, [a, b]) == ([3, n], 7)
+  assert linear_form(a * a + b * 2, [a, b]) == ([None, 2], 0)
+  assert linear_form(a // 2 + (a + b) % 3 + n, [a, b]) == ([None, None], n)
+
+
 # ***** merging stacked views *****
 
 def test_add_contiguous_inner_is_outer() -> None:
@@ -292,7 +300,7 @@ def _random_view(data, shape: tuple[int, ...]) -> View:
   return view
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_add_matches_stacked_views(data) -> None:
   """Whenever two stacked views merge, the merged view reads exactly what the stack reads."""
@@ -307,7 +315,7 @@ def test_add_matches_stacked_views(data) -> None:
     np.testing.assert_array_equal(read(merged), read_stack(inner, outer))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_reshape_matches_numpy(data) -> None:
   view = _random_view(data, tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))))
@@ -349,6 +357,12 @@ def test_symbolic_view() -> None:
   assert merged is not None and merged.strides == (0, 2, 1)
   unbound, values = merged.unbind()
   assert values == {N: 3} and unbound.shape == (N, 2, 2) and unbound.vars() == {N}
+
+
+def test_unbind_conflicting_values() -> None:
+  view = View.create((N.bind(3), N.bind(4)))
+  with pytest.raises(ValueError, match=r"unbind: n is bound to both 3 and 4"):
+    view.unbind()
 
 
 def test_symbolic_errors() -> None:

@@ -1,0 +1,56 @@
+"""Tensor cores: the mma.sync.aligned.m16n8k16 fragment layout, and the TC opt that maps a matmul-shaped reduce
+onto it.
+
+A warp of 32 threads computes a 16x16 @ 16x8 product per instruction. Lane `l` (g = l // 4, t = l % 4) holds eight
+A values, four B values and four C/D values at the positions below (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+The functions work on ints, numpy arrays and UOps alike, so the lowering, the PYTHON backend's emulation and the
+tests share one definition of the layout.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from fusegrad.dtype import DType, dtypes
+from fusegrad.uop import UOp, Ops
+
+M, N, K = 16, 8, 16
+A_REGS, B_REGS, C_REGS = 8, 4, 4
+
+
+def a_pos(g, t, i: int): return g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)   # (m, k)
+def b_pos(g, t, i: int): return 2 * t + (i & 1) + 8 * (i >> 1), g                       # (k, n)
+def c_pos(g, t, i: int): return g + 8 * (i >> 1), 2 * t + (i & 1)                       # (m, n)
+
+
+@dataclass(frozen=True)
+class WMMAArg:
+  """WMMA: one m16n8k16 multiply-accumulate; src = 8 A values, 4 B values, 4 accumulators; dtype float4."""
+  dtype_in: DType
+  dtype_out: DType
+  dims: tuple[int, int, int] = (M, N, K)
+
+
+TC_INPUT_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+@dataclass(frozen=True)
+class TCPlan:
+  """The loads that feed the tensor cores. The TC axes sit at fixed places of the layout: the two local axes are
+  g (8, part of M) and t (4, part of N); the first three upcast axes are nl (2, low N), mh (2, high M), k (16)."""
+  a: UOp          # LOAD of A (varies along M and K)
+  b: UOp          # LOAD of B (varies along N and K)
+  dtype_in: DType
+
+
+def _strip_cast(u: UOp) -> UOp:
+  while u.op is Ops.CAST: u = u.src[0]
+  return u
+
+
+def match_matmul(reduceop: UOp | None) -> tuple[UOp, UOp] | None:
+  """(x, y) LOADs if the reduce is SUM(x*y) of two fp16/bf16 loads of one dtype (casts allowed), else None."""
+  if reduceop is None or reduceop.arg.op is not Ops.ADD: return None
+  mul = _strip_cast(reduceop.src[0])
+  if mul.op is not Ops.MUL: return None
+  x, y = (_strip_cast(s) for s in mul.src)
+  if x.op is not Ops.LOAD or y.op is not Ops.LOAD: return None
+  if x.dtype not in TC_INPUT_DTYPES or x.dtype is not y.dtype: return None
+  return x, y

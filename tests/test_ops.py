@@ -1,0 +1,830 @@
+"""Differential tests of every Tensor op against PyTorch (CPU, forward only) on every backend in `test_devices()`.
+
+Each test builds the same seeded inputs for torch and fusegrad (helpers.check_op), runs the op on both and compares
+shape, dtype and values: float32 within a small tolerance, float16 loosely, ints and bools exactly. Inputs cover 0-d,
+size-1 and medium shapes, non-contiguous views (permuted, sliced, flipped, expanded), broadcasting, Python scalars on
+either side and mixed dtypes. Random ops are checked by shape, range, statistics and seeding rather than by value.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegrad import Tensor, dtypes
+from helpers import ANY, GRID, INTS, NONZERO, POS, Domain, assert_same, check_op, make_array, torch_dtype
+
+NONZERO_INTS = Domain(-9, 9, nonzero=True)
+
+
+def op(name: str, torch_fn, fg_fn=None, domain=ANY, atol: float = 1e-5, rtol: float = 1e-5, marks=()):
+  """A pytest.param of one op: torch function, fusegrad function (None: the same), input domain and tolerance."""
+  return pytest.param(torch_fn, fg_fn, domain, atol, rtol, id=name, marks=marks)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Unary elementwise ops and activations
+
+UNARY_OPS = [
+  op("neg", lambda x: -x),
+  op("neg_method", lambda x: x.neg()),
+  op("exp", lambda x: x.exp(), domain=Domain(-5, 5)),
+  op("exp2", lambda x: x.exp2(), domain=Domain(-5, 5)),
+  op("log", lambda x: x.log(), domain=Domain(0.01, 10)),
+  op("log2", lambda x: x.log2(), domain=Domain(0.01, 10)),
+  op("sqrt", lambda x: x.sqrt(), domain=Domain(0, 10)),
+  op("rsqrt", lambda x: x.rsqrt(), domain=Domain(0.05, 10)),
+  op("sin", lambda x: x.sin(), domain=Domain(-7, 7)),
+  op("cos", lambda x: x.cos(), domain=Domain(-7, 7)),
+  op("tan", lambda x: x.tan(), domain=Domain(-1.4, 1.4)),
+  op("abs", lambda x: x.abs()),
+  op("sign", lambda x: x.sign(), domain=GRID),
+  op("reciprocal", lambda x: x.reciprocal(), domain=NONZERO),
+  op("square", lambda x: x.square()),
+  op("trunc", lambda x: x.trunc(), domain=Domain(-5, 5)),
+  op("floor", lambda x: x.floor(), domain=Domain(-5, 5)),
+  op("ceil", lambda x: x.ceil(), domain=Domain(-5, 5)),
+  op("clip", lambda x: x.clip(-0.5, 0.7)),
+  op("clamp", lambda x: x.clamp(-0.5, 0.7)),
+  op("clamp_min", lambda x: x.clamp(min=-0.5)),
+  op("clamp_max", lambda x: x.clamp(max=0.5)),
+  op("relu", lambda x: x.relu(), domain=GRID),
+  op("sigmoid", lambda x: x.sigmoid(), domain=Domain(-8, 8)),
+  op("tanh", lambda x: x.tanh(), domain=Domain(-5, 5)),
+  op("gelu", F.gelu, lambda x: x.gelu(), domain=Domain(-5, 5)),
+  op("silu", F.silu, lambda x: x.silu(), domain=Domain(-5, 5)),
+  op("elu", F.elu, lambda x: x.elu()),
+  op("elu_alpha", lambda x: F.elu(x, 0.5), lambda x: x.elu(0.5)),
+  op("leakyrelu", F.leaky_relu, lambda x: x.leakyrelu()),
+  op("leakyrelu_slope", lambda x: F.leaky_relu(x, 0.2), lambda x: x.leakyrelu(0.2)),
+  op("softplus", F.softplus, lambda x: x.softplus(), domain=Domain(-5, 5)),
+  op("hardswish", F.hardswish, lambda x: x.hardswish(), domain=Domain(-5, 5)),
+  op("mish", F.mish, lambda x: x.mish(), domain=Domain(-5, 5)),
+  op("relu6", F.relu6, lambda x: x.relu6(), domain=Domain(-8, 8)),
+]
+
+
+@pytest.mark.parametrize("shape", [(), (3, 1, 4), (45, 65)], ids=str)
+@pytest.mark.parametrize("torch_fn, fg_fn, domain, atol, rtol", UNARY_OPS)
+def test_unary(device, shape, torch_fn, fg_fn, domain, atol, rtol):
+  check_op(device, [shape], torch_fn, fg_fn, domain=domain, atol=atol, rtol=rtol)
+
+
+def edge(name: str, values: list[float], torch_fn, fg_fn=None, atol: float = 1e-5):
+  return pytest.param(np.array(values, dtype=np.float32), torch_fn, fg_fn, atol, id=name)
+
+
+INF, NAN = float("inf"), float("nan")
+EDGE_VALUES = [
+  edge("exp", [-100.0, -10.0, 0.0, 10.0, 88.0, 100.0, INF, -INF, NAN], lambda x: x.exp()),
+  edge("log", [0.0, 1e-30, 1.0, 1e30, INF, -1.0], lambda x: x.log()),
+  edge("sqrt", [0.0, 1e-30, 4.0, 1e30, INF, -1.0], lambda x: x.sqrt()),
+  edge("sigmoid", [-100.0, -20.0, 0.0, 20.0, 100.0], lambda x: x.sigmoid()),
+  edge("tanh", [-100.0, -10.0, -0.0, 10.0, 100.0], lambda x: x.tanh()),
+  edge("softplus", [-100.0, -20.0, 0.0, 20.0, 30.0, 100.0], F.softplus, lambda x: x.softplus()),
+  edge("silu", [-100.0, -20.0, 20.0, 100.0], F.silu, lambda x: x.silu()),
+  edge("gelu", [-100.0, -10.0, 10.0, 100.0], F.gelu, lambda x: x.gelu()),
+  edge("mish", [-100.0, -30.0, 30.0, 100.0], F.mish, lambda x: x.mish()),
+  edge("floor", [-2.5, -1.0, -0.5, 0.5, 1.0, 2.5, 1e8], lambda x: x.floor()),
+  edge("ceil", [-2.5, -1.0, -0.5, 0.5, 1.0, 2.5, 1e8], lambda x: x.ceil()),
+  edge("trunc", [-2.5, -1.0, -0.5, 0.5, 1.0, 2.5, 1e8], lambda x: x.trunc()),
+  edge("sign", [-INF, -2.0, -0.0, 0.0, 3.0, INF], lambda x: x.sign()),
+  edge("abs", [-INF, -2.0, -0.0, INF, NAN], lambda x: x.abs()),
+  edge("neg", [-INF, 0.0, INF, NAN], lambda x: -x),
+  edge("reciprocal", [INF, -INF, 1e-3, -1e3], lambda x: x.reciprocal()),
+  edge("sin", [-100.0, -0.0, 100.0, 1000.0], lambda x: x.sin(), atol=1e-4),
+  edge("cos", [-100.0, 0.0, 100.0, 1000.0], lambda x: x.cos(), atol=1e-4),
+  edge("relu", [-INF, -1.0, 0.0, INF], lambda x: x.relu()),
+]
+
+
+@pytest.mark.parametrize("values, torch_fn, fg_fn, atol", EDGE_VALUES)
+def test_unary_edge_values(device, values, torch_fn, fg_fn, atol):
+  check_op(device, [values], torch_fn, fg_fn, atol=atol)
+
+
+SHAPES = [(), (1,), (1, 1), (3, 1, 4), (4, 5, 6), (45, 65)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_elementwise_chain_shapes(device, shape):
+  check_op(device, [shape, shape], lambda x, y: (x * y + x.exp()).relu() - y / 3)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: -x, id="neg"),
+  pytest.param(lambda x: x.abs(), id="abs"),
+  pytest.param(lambda x: x.sign(), id="sign"),
+  pytest.param(lambda x: x.square(), id="square"),
+  pytest.param(lambda x: ~x, id="invert"),
+  pytest.param(lambda x: x.relu(), id="relu"),
+  pytest.param(lambda x: x.clamp(-3, 4), id="clamp"),
+])
+def test_unary_int(device, dtype, fn):
+  check_op(device, [(4, 5, 6)], fn, dtype=dtype, domain=INTS)
+
+
+def test_invert_bool(device):
+  check_op(device, [(4, 5, 6)], lambda x: ~x, dtype="bool")
+
+
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: x + x, id="add"),
+  pytest.param(lambda x: x * 1.5, id="mul"),
+  pytest.param(lambda x: x.exp(), id="exp"),
+  pytest.param(lambda x: x.sqrt(), id="sqrt"),
+  pytest.param(lambda x: x.sigmoid(), id="sigmoid"),
+  pytest.param(lambda x: x.relu(), id="relu"),
+  pytest.param(lambda x: x.float(), id="to_float"),
+  pytest.param(lambda x: x < 1.0, id="lt"),
+])
+def test_unary_float16(device, fn):
+  check_op(device, [(45, 65)], fn, dtype="float16", domain=Domain(0.0, 3.0), atol=1e-2, rtol=1e-2)
+
+
+def test_float16_sum(device):
+  check_op(device, [(4, 5, 6)], lambda x: x.sum(1), dtype="float16", atol=2e-2, rtol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Binary elementwise ops, broadcasting and Python scalars
+
+BINARY_OPS = [
+  op("add", lambda x, y: x + y),
+  op("sub", lambda x, y: x - y),
+  op("mul", lambda x, y: x * y),
+  op("div", lambda x, y: x / y, domain=[ANY, NONZERO]),
+  op("pow", lambda x, y: x ** y, domain=[POS, ANY], rtol=1e-4),
+  op("maximum", torch.maximum, lambda x, y: x.maximum(y), domain=GRID),
+  op("minimum", torch.minimum, lambda x, y: x.minimum(y), domain=GRID),
+  op("floordiv", lambda x, y: x // y, domain=[ANY, NONZERO]),
+  op("mod", lambda x, y: x % y, domain=[ANY, NONZERO]),
+  op("lt", lambda x, y: x < y, domain=GRID),
+  op("le", lambda x, y: x <= y, domain=GRID),
+  op("gt", lambda x, y: x > y, domain=GRID),
+  op("ge", lambda x, y: x >= y, domain=GRID),
+  op("eq", lambda x, y: x == y, domain=GRID),
+  op("ne", lambda x, y: x != y, domain=GRID),
+]
+BROADCAST_SHAPES = [((45, 65), (45, 65)), ((4, 5, 6), (5, 1)), ((), (3, 1, 4)), ((3, 1, 4), (1, 5, 1))]
+
+
+@pytest.mark.parametrize("shapes", BROADCAST_SHAPES, ids=str)
+@pytest.mark.parametrize("torch_fn, fg_fn, domain, atol, rtol", BINARY_OPS)
+def test_binary(device, shapes, torch_fn, fg_fn, domain, atol, rtol):
+  check_op(device, list(shapes), torch_fn, fg_fn, domain=domain, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x, y: x.add(y), id="add"),
+  pytest.param(lambda x, y: x.sub(y), id="sub"),
+  pytest.param(lambda x, y: x.mul(y), id="mul"),
+  pytest.param(lambda x, y: x.div(y), id="div"),
+  pytest.param(lambda x, y: x.abs().pow(y), id="pow"),
+])
+def test_binary_methods(device, fn):
+  check_op(device, [(4, 5, 6), (6,)], fn, domain=[ANY, NONZERO], rtol=1e-4)
+
+
+SCALAR_OPS = [
+  op("add", lambda x: x + 2),
+  op("radd", lambda x: 2 + x),
+  op("sub", lambda x: x - 2.5),
+  op("rsub", lambda x: 2 - x),
+  op("mul", lambda x: x * -1.5),
+  op("rmul", lambda x: 3 * x),
+  op("div", lambda x: x / 4),
+  op("rdiv", lambda x: 3 / x, domain=NONZERO),
+  op("pow2", lambda x: x ** 2),
+  op("pow3", lambda x: x ** 3),
+  op("pow_half", lambda x: x ** 0.5, domain=POS),
+  op("pow_half_negative_base", lambda x: x ** 0.5),
+  op("pow0", lambda x: x ** 0),
+  op("pow_neg1", lambda x: x ** -1, domain=NONZERO),
+  op("pow_neg2", lambda x: x ** -2, domain=NONZERO, rtol=1e-4),
+  op("rpow", lambda x: 2 ** x, rtol=1e-4),
+  op("rpow_half", lambda x: 0.5 ** x, rtol=1e-4),
+  op("floordiv", lambda x: x // 0.75),
+  op("rfloordiv", lambda x: 3 // x, domain=NONZERO),
+  op("mod", lambda x: x % 0.75),
+  op("mod_negative", lambda x: x % -0.75),
+  op("rmod", lambda x: 3 % x, domain=NONZERO),
+  op("lt", lambda x: x < 0.5, domain=GRID),
+  op("rlt", lambda x: 0.5 < x, domain=GRID),
+  op("le", lambda x: x <= 0.5, domain=GRID),
+  op("gt", lambda x: x > 0.5, domain=GRID),
+  op("ge", lambda x: x >= 0, domain=GRID),
+  op("eq", lambda x: x == 0.5, domain=GRID),
+  op("ne", lambda x: x != 0.5, domain=GRID),
+]
+
+
+@pytest.mark.parametrize("torch_fn, fg_fn, domain, atol, rtol", SCALAR_OPS)
+def test_python_scalar(device, torch_fn, fg_fn, domain, atol, rtol):
+  check_op(device, [(4, 5, 6)], torch_fn, fg_fn, domain=domain, atol=atol, rtol=rtol)
+
+
+def test_python_scalar_0d(device):
+  check_op(device, [()], lambda x: (2 - x) * 3 / (x * x + 1) + x ** 2)
+
+
+def test_pow_edge_values(device):
+  base = np.array([0.0, 0.0, 0.0, -2.0, -2.0, 2.0, -0.5, 1.0, -1.0], dtype=np.float32)
+  exponent = np.array([0.0, 2.0, -1.0, 3.0, 0.5, -2.0, 2.0, float("inf"), 2.0], dtype=np.float32)
+  check_op(device, [base, exponent], lambda x, y: x ** y)
+
+
+INT_BINARY_OPS = [
+  op("add", lambda x, y: x + y),
+  op("sub", lambda x, y: x - y),
+  op("mul", lambda x, y: x * y),
+  op("div", lambda x, y: x / y, domain=[INTS, NONZERO_INTS]),
+  op("floordiv", lambda x, y: x // y, domain=[INTS, NONZERO_INTS]),
+  op("mod", lambda x, y: x % y, domain=[INTS, NONZERO_INTS]),
+  op("pow", lambda x, y: x ** y, domain=[INTS, Domain(0, 4)]),
+  op("maximum", torch.maximum, lambda x, y: x.maximum(y)),
+  op("minimum", torch.minimum, lambda x, y: x.minimum(y)),
+  op("lt", lambda x, y: x < y),
+  op("le", lambda x, y: x <= y),
+  op("gt", lambda x, y: x > y),
+  op("ge", lambda x, y: x >= y),
+  op("eq", lambda x, y: x == y),
+  op("ne", lambda x, y: x != y),
+  op("and", lambda x, y: x & y),
+  op("or", lambda x, y: x | y),
+  op("xor", lambda x, y: x ^ y),
+]
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("torch_fn, fg_fn, domain, atol, rtol", INT_BINARY_OPS)
+def test_binary_int(device, dtype, torch_fn, fg_fn, domain, atol, rtol):
+  domain = INTS if domain is ANY else domain
+  check_op(device, [(4, 5, 6), (5, 1)], torch_fn, fg_fn, dtype=dtype, domain=domain, atol=atol, rtol=rtol)
+
+
+BOOL_BINARY_OPS = [
+  op("add", lambda x, y: x + y),
+  op("mul", lambda x, y: x * y),
+  op("and", lambda x, y: x & y),
+  op("or", lambda x, y: x | y),
+  op("xor", lambda x, y: x ^ y),
+  op("maximum", torch.maximum, lambda x, y: x.maximum(y)),
+  op("minimum", torch.minimum, lambda x, y: x.minimum(y)),
+  op("lt", lambda x, y: x < y),
+  op("eq", lambda x, y: x == y),
+  op("ne", lambda x, y: x != y),
+]
+
+
+@pytest.mark.parametrize("torch_fn, fg_fn, domain, atol, rtol", BOOL_BINARY_OPS)
+def test_binary_bool(device, torch_fn, fg_fn, domain, atol, rtol):
+  check_op(device, [(4, 5, 6), (5, 1)], torch_fn, fg_fn, dtype="bool")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_int_floordiv_mod_negative(device, dtype):
+  a = np.array([-7, 7, -7, 7, -1, 0, 9, -9, 6, -6, 1, -12], dtype=dtype)
+  b = np.array([2, 2, -2, -2, 3, 5, -4, 4, 3, -3, -5, 5], dtype=dtype)
+  check_op(device, [a, b], lambda x, y: x // y)
+  check_op(device, [a, b], lambda x, y: x % y)
+  check_op(device, [a], lambda x: x // -3)
+  check_op(device, [a], lambda x: x % -3)
+  check_op(device, [a], lambda x: x // 4)
+  check_op(device, [a], lambda x: x % 4)
+  check_op(device, [b], lambda x: -7 // x)
+  check_op(device, [b], lambda x: 7 % x)
+
+
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: x + 3, id="add"),
+  pytest.param(lambda x: 3 - x, id="rsub"),
+  pytest.param(lambda x: x * -2, id="mul"),
+  pytest.param(lambda x: x & 5, id="and"),
+  pytest.param(lambda x: 5 | x, id="ror"),
+  pytest.param(lambda x: x ^ -1, id="xor"),
+  pytest.param(lambda x: x ** 2, id="pow"),
+  pytest.param(lambda x: x < 3, id="lt"),
+  pytest.param(lambda x: x == 3, id="eq"),
+])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_int_python_scalar(device, dtype, fn):
+  check_op(device, [(4, 5, 6)], fn, dtype=dtype, domain=INTS)
+
+
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: x & True, id="and"),
+  pytest.param(lambda x: x | False, id="or"),
+  pytest.param(lambda x: x ^ True, id="xor"),
+  pytest.param(lambda x: x == True, id="eq"),  # noqa: E712
+])
+def test_bool_python_scalar(device, fn):
+  check_op(device, [(4, 5, 6)], fn, dtype="bool")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dtype promotion: mixed tensor dtypes, weak Python scalars and 0-d tensors
+
+PROMOTION_PAIRS = [("int32", "int64"), ("int32", "float32"), ("bool", "int32"), ("bool", "float32"),
+                   ("float16", "float32"), ("int64", "float16"), ("uint8", "int8"), ("int8", "int16"),
+                   ("uint8", "float32"), ("bool", "bool"), ("int64", "float32")]
+
+
+@pytest.mark.parametrize("dtypes_", PROMOTION_PAIRS, ids=str)
+@pytest.mark.parametrize("fn", [pytest.param(lambda x, y: x + y, id="add"), pytest.param(lambda x, y: x * y, id="mul"),
+                                pytest.param(lambda x, y: x < y, id="lt")])
+def test_promotion(device, dtypes_, fn):
+  check_op(device, [(4, 5), (5,)], fn, dtype=dtypes_, domain=Domain(-5, 5, discrete=True), atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype, fn", [
+  pytest.param("int32", lambda x: x + 2, id="int32+int"),
+  pytest.param("int32", lambda x: x + 2.5, id="int32+float"),
+  pytest.param("int32", lambda x: x * True, id="int32*bool"),
+  pytest.param("int32", lambda x: x / 2, id="int32/int"),
+  pytest.param("int64", lambda x: 7 / x, id="int/int64"),
+  pytest.param("int32", lambda x: x ** 2, id="int32**int"),
+  pytest.param("int32", lambda x: x ** 0.5, id="int32**float"),
+  pytest.param("int32", lambda x: x // 2, id="int32//int"),
+  pytest.param("int32", lambda x: x < 2.5, id="int32<float"),
+  pytest.param("int32", lambda x: x == 2.0, id="int32==float"),
+  pytest.param("int32", lambda x: x.maximum(torch.tensor(1.5) if isinstance(x, torch.Tensor) else Tensor(1.5)),
+               id="int32.maximum(float)"),
+  pytest.param("bool", lambda x: x + 1, id="bool+int"),
+  pytest.param("bool", lambda x: x + 1.5, id="bool+float"),
+  pytest.param("bool", lambda x: x + True, id="bool+bool"),
+  pytest.param("bool", lambda x: x * 3, id="bool*int"),
+  pytest.param("float16", lambda x: x + 2.5, id="half+float"),
+  pytest.param("float16", lambda x: x * 3, id="half*int"),
+  pytest.param("uint8", lambda x: x + 3, id="uint8+int"),
+  pytest.param("int8", lambda x: x * 2.0, id="int8*float"),
+])
+def test_weak_python_scalars(device, dtype, fn):
+  check_op(device, [(3, 4)], fn, dtype=dtype, domain=Domain(0, 5), atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtypes_", [("int32", "int64"), ("float32", "float64"), ("int32", "float64"),
+                                     ("float16", "float32")], ids=str)
+def test_promotion_0d_tensor(device, dtypes_):
+  """torch: a 0-d tensor only raises the result's category, not its width within a category."""
+  check_op(device, [(3, 4), ()], lambda x, y: x + y, dtype=dtypes_, domain=Domain(0, 5), atol=1e-2, rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# where
+
+def torch_where(c, x, y): return torch.where(c, x, y)
+
+
+@pytest.mark.parametrize("shapes", [((4, 5, 6),) * 3, ((4, 1, 6), (5, 1), ()), ((), (3, 1, 4), (1, 5, 1))], ids=str)
+def test_where(device, shapes):
+  cond, x, y = shapes
+  inputs = [make_array(np.random.default_rng(1), cond, "bool"), x, y]
+  check_op(device, inputs, torch_where, lambda c, a, b: Tensor.where(c, a, b))
+  check_op(device, inputs, torch_where, lambda c, a, b: c.where(a, b))
+
+
+@pytest.mark.parametrize("torch_fn, fg_fn", [
+  pytest.param(lambda x: torch.where(x > 0, x, 0.0), lambda x: (x > 0).where(x, 0.0), id="x_scalar"),
+  pytest.param(lambda x: torch.where(x > 0, 1.5, x), lambda x: (x > 0).where(1.5, x), id="scalar_x"),
+  pytest.param(lambda x: torch.where(x > 0, 1, 0), lambda x: (x > 0).where(1, 0), id="int_scalars"),
+  pytest.param(lambda x: torch.where(x > 0, 1.0, -1.0), lambda x: (x > 0).where(1.0, -1.0), id="float_scalars"),
+  pytest.param(lambda x: torch.where(x > 0, x.int(), 0.5), lambda x: (x > 0).where(x.int(), 0.5), id="int_x_float"),
+  pytest.param(lambda x: torch.where(x > 0, x.int(), x), lambda x: (x > 0).where(x.int(), x), id="int_x_float_y"),
+])
+def test_where_scalars_and_dtypes(device, torch_fn, fg_fn):
+  check_op(device, [(4, 5, 6)], torch_fn, fg_fn, domain=Domain(-3, 3))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_where_int_bool(device, dtype):
+  inputs = [make_array(np.random.default_rng(1), (4, 5), "bool"), (4, 5), (5,)]
+  check_op(device, inputs, torch_where, lambda c, a, b: c.where(a, b), dtype=["bool", dtype, dtype], domain=INTS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reductions
+
+def torch_max(x, axis=None, keepdim=False): return x.amax(() if axis is None else axis, keepdim=keepdim)
+def torch_min(x, axis=None, keepdim=False): return x.amin(() if axis is None else axis, keepdim=keepdim)
+def torch_logsumexp(x, axis=None, keepdim=False): return x.logsumexp(tuple(range(x.ndim)) if axis is None else axis,
+                                                                     keepdim=keepdim)
+
+
+REDUCE_OPS = {  # name: (torch_fn(x, axis, keepdim), fusegrad fn or None for the same, input domain)
+  "sum": (lambda x, axis, keepdim: x.sum(axis, keepdim=keepdim), None, ANY),
+  "max": (torch_max, lambda x, axis, keepdim: x.max(axis, keepdim=keepdim), GRID),
+  "min": (torch_min, lambda x, axis, keepdim: x.min(axis, keepdim=keepdim), GRID),
+  "mean": (lambda x, axis, keepdim: x.mean(axis, keepdim=keepdim), None, ANY),
+  "std": (lambda x, axis, keepdim: x.std(axis, keepdim=keepdim), None, ANY),
+  "var": (lambda x, axis, keepdim: x.var(axis, keepdim=keepdim), None, ANY),
+  "logsumexp": (torch_logsumexp, lambda x, axis, keepdim: x.logsumexp(axis, keepdim=keepdim), ANY),
+}
+REDUCE_AXES = [(None, False), (None, True), (0, False), (1, True), (-1, False), ((0, 2), False), ((-1, 0), True)]
+
+
+def check_reduce(device, name: str, shape: tuple[int, ...], axis, keepdim: bool) -> None:
+  torch_fn, fg_fn, domain = REDUCE_OPS[name]
+  fg_fn = fg_fn or torch_fn
+  check_op(device, [shape], lambda x: torch_fn(x, axis, keepdim), lambda x: fg_fn(x, axis, keepdim), domain=domain,
+           atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("axis, keepdim", REDUCE_AXES, ids=str)
+@pytest.mark.parametrize("name", list(REDUCE_OPS))
+def test_reduce(device, name, axis, keepdim):
+  check_reduce(device, name, (4, 5, 6), axis, keepdim)
+
+
+# std and var of a single element divide by zero degrees of freedom; those cases are left out
+REDUCE_SHAPE_CASES = [(name, shape, axis) for name in REDUCE_OPS
+                      for shape, axis in [((45, 65), None), ((45, 65), 1), ((45, 65), 0), ((3, 1, 4), 0),
+                                          ((3, 1, 4), 1), ((1, 1), None), ((1,), 0)]
+                      if name not in ("std", "var") or shape not in ((1, 1), (1,)) and (shape, axis) != ((3, 1, 4), 1)]
+
+
+@pytest.mark.parametrize("name, shape, axis", REDUCE_SHAPE_CASES, ids=str)
+def test_reduce_shapes(device, name, shape, axis):
+  check_reduce(device, name, shape, axis, False)
+
+
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: x.sum(), id="sum"),
+  pytest.param(lambda x: x.mean(), id="mean"),
+  pytest.param(lambda x: x.max(), id="max"),
+  pytest.param(lambda x: x.min(), id="min"),
+  pytest.param(lambda x: x.sum(0), id="sum0"),
+  pytest.param(lambda x: x.sum(-1, keepdim=True), id="sum-1_keepdim"),
+  pytest.param(lambda x: x.softmax(0), id="softmax"),
+  pytest.param(lambda x: x.cumsum(0), id="cumsum"),
+])
+def test_reduce_0d(device, fn):
+  check_op(device, [()], fn)
+
+
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: x.std(1, correction=0), id="std_correction0"),
+  pytest.param(lambda x: x.var(0, correction=0), id="var_correction0"),
+  pytest.param(lambda x: x.var((0, 1), correction=2), id="var_correction2"),
+  pytest.param(lambda x: x.std(None, correction=0), id="std_all_correction0"),
+])
+def test_std_var_correction(device, fn):
+  check_op(device, [(4, 5, 6)], fn, rtol=1e-4)
+
+
+ARG_AXES = [(None, False), (0, False), (1, True), (-1, False), (-2, True)]
+
+
+@pytest.mark.parametrize("axis, keepdim", ARG_AXES, ids=str)
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_argmax_argmin(device, name, axis, keepdim, dtype):
+  fn = lambda x: getattr(x, name)() if axis is None else getattr(x, name)(axis, keepdim=keepdim)  # noqa: E731
+  check_op(device, [(4, 5, 6)], fn, dtype=dtype, domain=Domain(-2, 2, discrete=True))
+
+
+def test_argmax_ties_first_index(device):
+  values = np.array([[1, 3, 3, 0], [2, 2, 2, 2], [-1, -5, -1, -5]], dtype=np.float32)
+  check_op(device, [values], lambda x: x.argmax(1))
+  check_op(device, [values], lambda x: x.argmin(1))
+  check_op(device, [values], lambda x: x.argmax())
+  check_op(device, [values], lambda x: x.argmin(0))
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax(device, name, axis):
+  check_op(device, [(4, 5, 6)], lambda x: getattr(x, name)(axis), domain=Domain(-5, 5), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_large_values(device, name):
+  check_op(device, [(45, 65)], lambda x: getattr(x, name)(-1), domain=Domain(-200, 200), atol=1e-6, rtol=1e-5)
+  values = np.array([[1000.0, 1000.0, -1000.0], [-1e30, 0.0, 1e30]], dtype=np.float32)
+  check_op(device, [values], lambda x: getattr(x, name)(1), atol=1e-6, rtol=1e-5)
+
+
+def test_logsumexp_large_values(device):
+  values = np.array([[1000.0, 1000.0, -1000.0], [-100.0, -100.0, -100.0]], dtype=np.float32)
+  check_op(device, [values], lambda x: x.logsumexp(1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 5, 6), 0), ((4, 5, 6), 1), ((4, 5, 6), -1), ((45, 65), 1),
+                                         ((3, 1, 4), 1), ((1,), 0), ((200,), 0)], ids=str)
+def test_cumsum(device, shape, axis):
+  check_op(device, [shape], lambda x: x.cumsum(axis), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, torch_fn, fg_fn", [
+  pytest.param("int32", lambda x: x.sum(), None, id="int32_sum"),
+  pytest.param("int32", lambda x: x.sum(1), None, id="int32_sum_axis"),
+  pytest.param("int64", lambda x: x.sum(-1, keepdim=True), None, id="int64_sum_axis"),
+  pytest.param("bool", lambda x: x.sum(), None, id="bool_sum"),
+  pytest.param("bool", lambda x: x.sum(0), None, id="bool_sum_axis"),
+  pytest.param("int32", lambda x: x.amax(1), lambda x: x.max(1), id="int32_max"),
+  pytest.param("int64", lambda x: x.amin(), lambda x: x.min(), id="int64_min"),
+  pytest.param("bool", lambda x: x.amax(1), lambda x: x.max(1), id="bool_max"),
+  pytest.param("bool", lambda x: x.amin(), lambda x: x.min(), id="bool_min"),
+  pytest.param("int32", lambda x: x.cumsum(1), None, id="int32_cumsum"),
+  pytest.param("bool", lambda x: x.cumsum(0), None, id="bool_cumsum"),
+  pytest.param("int64", lambda x: x.argmax(0), None, id="int64_argmax"),
+])
+def test_reduce_int_bool(device, dtype, torch_fn, fg_fn):
+  check_op(device, [(4, 5, 6)], torch_fn, fg_fn, dtype=dtype, domain=INTS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Movement ops
+
+def torch_pad(x, padding):
+  """fusegrad pads ((before, after), ...) from dim 0; torch's F.pad takes flat pairs from the last dim."""
+  return F.pad(x, [amount for pair in reversed(padding) for amount in pair])
+
+
+def torch_shrink(x, arg): return x[tuple(slice(begin, end) for begin, end in arg)]
+
+
+def movement(name: str, shape: tuple[int, ...], torch_fn, fg_fn=None):
+  return pytest.param(shape, torch_fn, fg_fn, id=name)
+
+
+MOVEMENT_OPS = [
+  movement("reshape", (4, 5, 6), lambda x: x.reshape(20, 6)),
+  movement("reshape_tuple", (4, 5, 6), lambda x: x.reshape((2, 10, 6))),
+  movement("reshape_-1", (4, 5, 6), lambda x: x.reshape(-1)),
+  movement("reshape_mid_-1", (4, 5, 6), lambda x: x.reshape(2, -1, 3)),
+  movement("reshape_0d_to_11", (), lambda x: x.reshape(1, 1)),
+  movement("reshape_1_to_0d", (1,), lambda x: x.reshape(())),
+  movement("reshape_medium", (45, 65), lambda x: x.reshape(65, 45)),
+  movement("view", (4, 5, 6), lambda x: x.view(5, 24)),
+  movement("permute", (4, 5, 6), lambda x: x.permute(2, 0, 1)),
+  movement("permute_tuple", (4, 5, 6), lambda x: x.permute((1, 2, 0))),
+  movement("permute_negative", (4, 5, 6), lambda x: x.permute(-1, 0, -2)),
+  movement("permute_size1", (3, 1, 4), lambda x: x.permute(1, 2, 0)),
+  movement("expand", (3, 1, 4), lambda x: x.expand(3, 5, 4)),
+  movement("expand_new_dims", (3, 1, 4), lambda x: x.expand(2, 3, 5, 4)),
+  movement("expand_-1", (3, 1, 4), lambda x: x.expand(-1, 5, -1)),
+  movement("expand_tuple", (1,), lambda x: x.expand((4,))),
+  movement("expand_0d", (), lambda x: x.expand(2, 3)),
+  movement("pad_2d", (4, 5), lambda x: torch_pad(x, ((1, 2), (0, 3))), lambda x: x.pad(((1, 2), (0, 3)))),
+  movement("pad_3d", (4, 5, 6), lambda x: torch_pad(x, ((0, 0), (2, 1), (1, 1))),
+           lambda x: x.pad(((0, 0), (2, 1), (1, 1)))),
+  movement("pad_1d", (5,), lambda x: torch_pad(x, ((3, 0),)), lambda x: x.pad(((3, 0),))),
+  movement("pad_noop", (4, 5), lambda x: torch_pad(x, ((0, 0), (0, 0))), lambda x: x.pad(((0, 0), (0, 0)))),
+  movement("shrink", (4, 5), lambda x: torch_shrink(x, ((1, 3), (0, 5))), lambda x: x.shrink(((1, 3), (0, 5)))),
+  movement("shrink_3d", (4, 5, 6), lambda x: torch_shrink(x, ((0, 4), (2, 3), (1, 5))),
+           lambda x: x.shrink(((0, 4), (2, 3), (1, 5)))),
+  movement("flip", (4, 5, 6), lambda x: x.flip(0)),
+  movement("flip_negative", (4, 5, 6), lambda x: x.flip(-1)),
+  movement("flip_tuple", (4, 5, 6), lambda x: x.flip((0, 2))),
+  movement("flip_0d", (), lambda x: x.flip(0)),
+  movement("transpose", (4, 5, 6), lambda x: x.transpose(0, 1)),
+  movement("transpose_negative", (4, 5, 6), lambda x: x.transpose(-1, 0)),
+  movement("T", (45, 65), lambda x: x.T),
+  movement("flatten", (4, 5, 6), lambda x: x.flatten()),
+  movement("flatten_start", (4, 5, 6), lambda x: x.flatten(1)),
+  movement("flatten_range", (2, 3, 4, 5), lambda x: x.flatten(1, 2)),
+  movement("flatten_0d", (), lambda x: x.flatten()),
+  movement("squeeze", (3, 1, 4), lambda x: x.squeeze()),
+  movement("squeeze_dim", (3, 1, 4), lambda x: x.squeeze(1)),
+  movement("squeeze_noop_dim", (3, 1, 4), lambda x: x.squeeze(0)),
+  movement("squeeze_negative", (3, 1, 4), lambda x: x.squeeze(-2)),
+  movement("squeeze_all_ones", (1, 1), lambda x: x.squeeze()),
+  movement("squeeze_0d", (), lambda x: x.squeeze()),
+  movement("unsqueeze_front", (4, 5, 6), lambda x: x.unsqueeze(0)),
+  movement("unsqueeze_back", (4, 5, 6), lambda x: x.unsqueeze(-1)),
+  movement("unsqueeze_mid", (4, 5, 6), lambda x: x.unsqueeze(2)),
+  movement("unsqueeze_0d", (), lambda x: x.unsqueeze(0)),
+  movement("repeat", (3, 1, 4), lambda x: x.repeat(2, 3, 1)),
+  movement("repeat_new_dims", (2, 3), lambda x: x.repeat(2, 1, 2)),
+  movement("repeat_tuple", (2, 3), lambda x: x.repeat((1, 2))),
+  movement("repeat_0d", (), lambda x: x.repeat(3)),
+  movement("contiguous", (4, 5, 6), lambda x: x.permute(2, 1, 0).contiguous()),
+  movement("chunk", (45, 65), lambda x: x.chunk(3, 1)),
+  movement("chunk_uneven", (45, 65), lambda x: x.chunk(4, 0)),
+  movement("chunk_default_dim", (6, 4), lambda x: x.chunk(2)),
+  movement("chunk_more_than_size", (3, 4), lambda x: x.chunk(5, 0)),
+  movement("chunk_negative_dim", (4, 5, 6), lambda x: x.chunk(3, -1)),
+]
+
+
+@pytest.mark.parametrize("shape, torch_fn, fg_fn", MOVEMENT_OPS)
+def test_movement(device, shape, torch_fn, fg_fn):
+  check_op(device, [shape], torch_fn, fg_fn)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "bool"])
+def test_movement_int_bool(device, dtype):
+  check_op(device, [(4, 5, 6)], lambda x: x.permute(2, 0, 1)[1:, ::2].flip(0).reshape(-1), dtype=dtype, domain=INTS)
+  check_op(device, [(4, 5)], lambda x: torch_pad(x, ((1, 2), (0, 3))), lambda x: x.pad(((1, 2), (0, 3))), dtype=dtype,
+           domain=INTS)
+
+
+def fg_cat(*tensors, dim=0): return tensors[0].cat(*tensors[1:], dim=dim)
+def fg_stack(*tensors, dim=0): return Tensor.stack(*tensors, dim=dim)
+
+
+@pytest.mark.parametrize("shapes, dim", [(((2, 3), (4, 3)), 0), (((2, 3), (2, 5)), 1), (((2, 3), (2, 5), (2, 1)), -1),
+                                         (((4, 5, 6), (4, 2, 6)), 1), (((1,), (3,)), 0), (((3, 1, 4),) * 2, 2)],
+                         ids=str)
+def test_cat(device, shapes, dim):
+  check_op(device, list(shapes), lambda *ts: torch.cat(ts, dim), lambda *ts: fg_cat(*ts, dim=dim))
+
+
+@pytest.mark.parametrize("shapes, dim", [(((2, 3),) * 2, 0), (((2, 3),) * 3, 1), (((4, 5, 6),) * 2, -1),
+                                         (((),) * 3, 0), (((3, 1, 4),) * 2, 1)], ids=str)
+def test_stack(device, shapes, dim):
+  check_op(device, list(shapes), lambda *ts: torch.stack(ts, dim), lambda *ts: fg_stack(*ts, dim=dim))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Indexing: getitem and gather
+
+GETITEM_BASIC = [
+  pytest.param(lambda x: x[1], id="int"),
+  pytest.param(lambda x: x[-1], id="negative_int"),
+  pytest.param(lambda x: x[1, 2], id="two_ints"),
+  pytest.param(lambda x: x[1, -2, 3], id="all_ints"),
+  pytest.param(lambda x: x[1:3], id="slice"),
+  pytest.param(lambda x: x[:, 1:], id="slice_dim1"),
+  pytest.param(lambda x: x[::2], id="step"),
+  pytest.param(lambda x: x[1::3, :, ::4], id="steps"),
+  pytest.param(lambda x: x[-3:-1], id="negative_bounds"),
+  pytest.param(lambda x: x[2:100], id="clamped_bounds"),
+  pytest.param(lambda x: x[3:1], id="empty_slice"),
+  pytest.param(lambda x: x[None], id="none"),
+  pytest.param(lambda x: x[:, None, 2], id="none_int"),
+  pytest.param(lambda x: x[..., 1], id="ellipsis_int"),
+  pytest.param(lambda x: x[..., None], id="ellipsis_none"),
+  pytest.param(lambda x: x[1, ..., 2:], id="int_ellipsis_slice"),
+  pytest.param(lambda x: x[...], id="ellipsis"),
+  pytest.param(lambda x: x[:], id="full_slice"),
+]
+
+
+@pytest.mark.parametrize("fn", GETITEM_BASIC)
+def test_getitem(device, fn):
+  check_op(device, [(4, 5, 6)], fn)
+
+
+@pytest.mark.parametrize("key", [np.s_[::-1], np.s_[::-2, 1:], np.s_[3:0:-1, ::-3], np.s_[-1::-2, None, 2],
+                                 np.s_[..., ::-1], np.s_[1:, ::-2, ::-1]], ids=str)
+def test_getitem_negative_step(device, key):
+  """torch has no negative steps, so numpy gives the expected values."""
+  arr = make_array(np.random.default_rng(0), (4, 5, 6), "float32")
+  assert_same(Tensor(arr, device=device)[key], torch.from_numpy(arr[key].copy()), device=device)
+
+
+def test_getitem_0d(device):
+  check_op(device, [()], lambda x: x[None])
+  check_op(device, [()], lambda x: x[...])
+
+
+IDX = np.array([0, 2, -1, 1, 2])
+IDX2D = np.array([[0, 3], [2, -4]])
+GETITEM_TENSOR = [
+  pytest.param([IDX], lambda x, i: x[i], id="tensor"),
+  pytest.param([IDX.astype(np.int32)], lambda x, i: x[i], id="int32_tensor"),
+  pytest.param([IDX2D], lambda x, i: x[i], id="2d_tensor"),
+  pytest.param([IDX], lambda x, i: x[i, 1:], id="tensor_slice"),
+  pytest.param([IDX], lambda x, i: x[:, i], id="slice_tensor"),
+  pytest.param([IDX], lambda x, i: x[1, i], id="int_tensor"),
+  pytest.param([IDX, IDX[::-1].copy()], lambda x, i, j: x[i, j], id="tensor_tensor"),
+  pytest.param([IDX2D, np.array([1, 0])], lambda x, i, j: x[i, j], id="tensor_tensor_broadcast"),
+  pytest.param([IDX, IDX[::-1].copy()], lambda x, i, j: x[i, :, j], id="tensor_slice_tensor"),
+  pytest.param([IDX], lambda x, i: x[..., i], id="ellipsis_tensor"),
+  pytest.param([IDX], lambda x, i: x[None, i], id="none_tensor"),
+]
+
+
+@pytest.mark.parametrize("indices, fn", GETITEM_TENSOR)
+def test_getitem_tensor_index(device, indices, fn):
+  check_op(device, [(5, 5, 6), *indices], fn)
+
+
+@pytest.mark.parametrize("shape, dim, index", [
+  ((4, 5), 1, np.array([[0, 4, 4], [1, 1, 0], [3, 2, 1], [0, 0, 0]])),
+  ((4, 5), 0, np.array([[3, 0, 1, 2, 3], [0, 0, 0, 1, 1]])),
+  ((4, 5), -1, np.array([[2], [0], [4], [1]])),
+  ((3, 4, 5), 2, np.random.default_rng(0).integers(0, 5, (3, 2, 4))),
+  ((3, 4, 5), 1, np.random.default_rng(1).integers(0, 4, (2, 6, 5))),
+], ids=["dim1", "dim0", "dim-1", "3d_dim2", "3d_dim1"])
+def test_gather(device, shape, dim, index):
+  check_op(device, [shape, index], lambda x, i: x.gather(dim, i))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# matmul, conv2d and pooling
+
+MATMUL_SHAPES = [((3, 4), (4, 5)), ((45, 65), (65, 20)), ((1, 1), (1, 1)), ((4,), (4, 5)), ((3, 4), (4,)),
+                 ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((1, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)),
+                 ((2, 1, 3, 4), (5, 4, 2))]
+
+
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+def test_matmul(device, shapes):
+  check_op(device, list(shapes), lambda x, y: x @ y, atol=1e-4, rtol=1e-4)
+
+
+def test_matmul_method_and_dot(device):
+  check_op(device, [(3, 4), (4, 5)], lambda x, y: x.matmul(y), atol=1e-4, rtol=1e-4)
+  check_op(device, [(7,), (7,)], lambda x, y: x.dot(y), atol=1e-4, rtol=1e-4)
+  check_op(device, [(7,), (7,)], lambda x, y: x @ y, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_matmul_int(device, dtype):
+  check_op(device, [(3, 4), (4, 5)], lambda x, y: x @ y, dtype=dtype, domain=INTS)
+
+
+def test_matmul_transposed_inputs(device):
+  check_op(device, [(5, 3), (6, 5)], lambda x, y: x.T @ y.T, atol=1e-4, rtol=1e-4)
+  check_op(device, [(4, 5, 6), (4, 6, 3)], lambda x, y: x.flip(1) @ y[:, ::2], atol=1e-4, rtol=1e-4)
+
+
+CONV_CASES = [  # (x shape, weight shape, bias?, stride, padding, dilation, groups)
+  pytest.param((1, 1, 5, 5), (1, 1, 3, 3), False, 1, 0, 1, 1, id="single"),
+  pytest.param((2, 3, 9, 9), (4, 3, 3, 3), True, 1, 0, 1, 1, id="bias"),
+  pytest.param((2, 3, 9, 9), (4, 3, 3, 3), True, 2, 1, 1, 1, id="stride2_pad1"),
+  pytest.param((1, 2, 8, 7), (3, 2, 3, 2), False, (2, 1), (1, 0), 1, 1, id="rect_kernel_tuple_args"),
+  pytest.param((1, 2, 9, 9), (2, 2, 3, 3), True, 1, 2, 2, 1, id="dilation2"),
+  pytest.param((2, 6, 7, 7), (6, 2, 3, 3), True, 1, 1, 1, 3, id="groups3"),
+  pytest.param((1, 4, 6, 6), (4, 1, 3, 3), False, 1, 1, 1, 4, id="depthwise"),
+  pytest.param((1, 3, 5, 5), (2, 3, 1, 1), True, 1, 0, 1, 1, id="1x1"),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, bias, stride, padding, dilation, groups", CONV_CASES)
+def test_conv2d(device, x_shape, w_shape, bias, stride, padding, dilation, groups):
+  shapes = [x_shape, w_shape] + ([(w_shape[0],)] if bias else [])
+  check_op(device, shapes,
+           lambda x, w, b=None: F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups),
+           lambda x, w, b=None: x.conv2d(w, b, stride=stride, padding=padding, dilation=dilation, groups=groups),
+           atol=1e-4, rtol=1e-4)
+
+
+POOL_CASES = [  # (x shape, kernel_size, stride, padding)
+  pytest.param((1, 1, 4, 4), 2, None, 0, id="k2"),
+  pytest.param((2, 3, 9, 9), 3, 2, 0, id="k3_s2"),
+  pytest.param((2, 3, 8, 7), (2, 3), (2, 1), 0, id="rect"),
+  pytest.param((1, 2, 6, 6), 3, 1, 1, id="k3_s1_pad1"),
+  pytest.param((1, 2, 7, 7), 2, 3, 0, id="stride_gt_kernel"),
+]
+
+
+@pytest.mark.parametrize("x_shape, kernel_size, stride, padding", POOL_CASES)
+@pytest.mark.parametrize("name", ["avg_pool2d", "max_pool2d"])
+def test_pool2d(device, name, x_shape, kernel_size, stride, padding):
+  check_op(device, [x_shape],
+           lambda x: getattr(F, name)(x, kernel_size=kernel_size, stride=stride, padding=padding),
+           lambda x: getattr(x, name)(kernel_size=kernel_size, stride=stride, padding=padding), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Casts and bitcasts
+
+CAST_CASES = [  # (from dtype, to dtype, input domain)
+  ("float32", "int32", Domain(-50, 50)),
+  ("float32", "int64", Domain(-50, 50)),
+  ("float32", "bool", GRID),
+  ("float32", "float16", ANY),
+  ("float32", "uint8", Domain(0, 250)),
+  ("float16", "float32", ANY),
+  ("int32", "float32", INTS),
+  ("int32", "int64", INTS),
+  ("int64", "int32", INTS),
+  ("int32", "bool", INTS),
+  ("int32", "uint8", Domain(-300, 300)),
+  ("int32", "int8", Domain(-300, 300)),
+  ("bool", "float32", ANY),
+  ("bool", "int32", ANY),
+  ("uint8", "int32", Domain(0, 255)),
+  ("int8", "float32", Domain(-128, 127)),
+]
+
+
+@pytest.mark.parametrize("src, dst, domain", CAST_CASES, ids=str)
+def test_cast(device, src, dst, domain):
+  check_op(device, [(4, 5, 6)], lambda x: x.to(torch_dtype(dst)), lambda x: x.cast(getattr(dtypes, dst)), dtype=src,
+           domain=domain, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("src", ["float32", "int32", "bool"])
+@pytest.mark.parametrize("method", ["float", "half", "int", "long", "bool"])
+def test_cast_methods(device, src, method):
+  check_op(device, [(3, 4)], lambda x: getattr(x, method)(), dtype=src, domain=Domain(-5, 5), atol=1e-3, rtol=1e-3)
+
+
+def test_cast_by_name(device):
+  check_op(device, [(3, 4)], lambda x: x.to(torch.int32), lambda x: x.cast("int32"), domain=Domain(-5, 5))
+
+
+@pytest.mark.parametrize("src, dst", [("float32", "int32"), ("int32", "float32"), ("float16", "int16"),
+                                      ("int16", "float16")], ids=str)
+def test_bitcast(device, src, dst):
+  check_op(device, [(4, 5)], lambda x: x.view(torch_dtype(dst)), lambda x: x.bitcast(getattr(dtypes, dst)), dtype=src,
+           domain=Domain(-1000, 1000))
+
+
+def test_cast_then_compute(device):
+  check_op(device, [(4, 5, 6)], lambda x: (x * 10).int() // 3 + (x > 0).float(), domain=Domain(-5, 5))
