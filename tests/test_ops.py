@@ -828,3 +828,241 @@ def test_bitcast(device, src, dst):
 
 def test_cast_then_compute(device):
   check_op(device, [(4, 5, 6)], lambda x: (x * 10).int() // 3 + (x > 0).float(), domain=Domain(-5, 5))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Operations on non-contiguous inputs: the same view is applied on both sides before the op
+
+VIEWS = [
+  pytest.param((4, 5, 6), lambda t: t.permute(2, 0, 1), id="permuted"),
+  pytest.param((7, 9), lambda t: t[1:, ::2], id="sliced"),
+  pytest.param((5, 6), lambda t: t.flip(0), id="flipped"),
+  pytest.param((3, 1, 4), lambda t: t.expand(3, 5, 4), id="expanded"),
+  pytest.param((6, 8), lambda t: t.transpose(0, 1), id="transposed"),
+  pytest.param((6, 7, 8), lambda t: t[1:5, ::3].permute(1, 2, 0), id="sliced_permuted"),
+]
+VIEW_OPS = [  # (torch function, fusegrad function or None for the same)
+  pytest.param(lambda x, y: x.exp(), None, id="exp"),
+  pytest.param(lambda x, y: x * x + 1, None, id="mul_self"),
+  pytest.param(lambda x, y: x + y, None, id="add"),
+  pytest.param(lambda x, y: torch.where(x > 0, x, y), lambda x, y: (x > 0).where(x, y), id="where"),
+  pytest.param(lambda x, y: x.sum(-1), None, id="sum"),
+  pytest.param(lambda x, y: x.amax(0), lambda x, y: x.max(0), id="max"),
+  pytest.param(lambda x, y: x.cumsum(-1), None, id="cumsum"),
+  pytest.param(lambda x, y: x.softmax(-1), None, id="softmax"),
+  pytest.param(lambda x, y: x.reshape(-1) * 2, None, id="reshape"),
+  pytest.param(lambda x, y: x.contiguous(), None, id="contiguous"),
+  pytest.param(lambda x, y: x @ y.transpose(-1, -2), None, id="matmul"),
+]
+
+
+@pytest.mark.parametrize("torch_fn, fg_fn", VIEW_OPS)
+@pytest.mark.parametrize("shape, view", VIEWS)
+def test_noncontiguous(device, shape, view, torch_fn, fg_fn):
+  check_op(device, [shape, shape], torch_fn, fg_fn, view=view, atol=1e-5, rtol=1e-4)
+
+
+def test_noncontiguous_mixed_views(device):
+  check_op(device, [(5, 6), (6, 5)], lambda x, y: x.T + y.flip(1) * x.flip(0).T - y[::2].sum(0), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Creation
+
+CREATION = [  # (torch function, fusegrad function of the device)
+  pytest.param(lambda: torch.zeros(2, 3), lambda d: Tensor.zeros(2, 3, device=d), id="zeros"),
+  pytest.param(lambda: torch.zeros((2, 3)), lambda d: Tensor.zeros((2, 3), device=d), id="zeros_tuple"),
+  pytest.param(lambda: torch.zeros(()), lambda d: Tensor.zeros((), device=d), id="zeros_0d"),
+  pytest.param(lambda: torch.zeros(2, dtype=torch.int32), lambda d: Tensor.zeros(2, dtype=dtypes.int32, device=d),
+               id="zeros_int32"),
+  pytest.param(lambda: torch.ones(3, 1, 4), lambda d: Tensor.ones(3, 1, 4, device=d), id="ones"),
+  pytest.param(lambda: torch.ones(4, dtype=torch.bool), lambda d: Tensor.ones(4, dtype=dtypes.bool, device=d),
+               id="ones_bool"),
+  pytest.param(lambda: torch.full((2, 3), 1.5), lambda d: Tensor.full((2, 3), 1.5, device=d), id="full_float"),
+  pytest.param(lambda: torch.full((2, 3), 7), lambda d: Tensor.full((2, 3), 7, device=d), id="full_int"),
+  pytest.param(lambda: torch.full((2, 3), True), lambda d: Tensor.full((2, 3), True, device=d), id="full_bool"),
+  pytest.param(lambda: torch.full((), 2.5), lambda d: Tensor.full((), 2.5, device=d), id="full_0d"),
+  pytest.param(lambda: torch.full((3,), 2, dtype=torch.float16),
+               lambda d: Tensor.full((3,), 2, dtype=dtypes.float16, device=d), id="full_dtype"),
+  pytest.param(lambda: torch.arange(5), lambda d: Tensor.arange(5, device=d), id="arange"),
+  pytest.param(lambda: torch.arange(2, 9), lambda d: Tensor.arange(2, 9, device=d), id="arange_start"),
+  pytest.param(lambda: torch.arange(1, 10, 3), lambda d: Tensor.arange(1, 10, 3, device=d), id="arange_step"),
+  pytest.param(lambda: torch.arange(10, 0, -3), lambda d: Tensor.arange(10, 0, -3, device=d), id="arange_negative"),
+  pytest.param(lambda: torch.arange(0.0, 1.0, 0.25), lambda d: Tensor.arange(0.0, 1.0, 0.25, device=d),
+               id="arange_float"),
+  pytest.param(lambda: torch.arange(-1, 1, 0.1), lambda d: Tensor.arange(-1, 1, 0.1, device=d),
+               id="arange_float_inexact"),
+  pytest.param(lambda: torch.arange(3.5), lambda d: Tensor.arange(3.5, device=d), id="arange_float_stop"),
+  pytest.param(lambda: torch.arange(0), lambda d: Tensor.arange(0, device=d), id="arange_empty"),
+  pytest.param(lambda: torch.arange(5, dtype=torch.int32), lambda d: Tensor.arange(5, dtype=dtypes.int32, device=d),
+               id="arange_int32"),
+  pytest.param(lambda: torch.arange(200), lambda d: Tensor.arange(200, device=d), id="arange_long"),
+  pytest.param(lambda: torch.eye(3), lambda d: Tensor.eye(3, device=d), id="eye"),
+  pytest.param(lambda: torch.eye(2, 4), lambda d: Tensor.eye(2, 4, device=d), id="eye_rect"),
+  pytest.param(lambda: torch.eye(1), lambda d: Tensor.eye(1, device=d), id="eye_1"),
+]
+
+
+@pytest.mark.parametrize("torch_fn, fg_fn", CREATION)
+def test_creation(device, torch_fn, fg_fn):
+  assert_same(fg_fn(device), torch_fn(), device=device)
+
+
+def test_empty(device):
+  t = Tensor.empty(2, 3, device=device)
+  assert t.shape == (2, 3) and t.dtype is dtypes.float32 and t.device == device
+  assert t.numpy().shape == (2, 3)
+  t = Tensor.empty((4,), dtype=dtypes.int32, device=device)
+  assert t.shape == (4,) and t.dtype is dtypes.int32
+
+
+LIKE = [
+  pytest.param(lambda x: torch.zeros_like(x), lambda x: Tensor.zeros_like(x), id="zeros_like"),
+  pytest.param(lambda x: torch.ones_like(x), lambda x: Tensor.ones_like(x), id="ones_like"),
+  pytest.param(lambda x: torch.full_like(x, 3), lambda x: Tensor.full_like(x, 3), id="full_like"),
+  pytest.param(lambda x: torch.ones_like(x, dtype=torch.int32), lambda x: Tensor.ones_like(x, dtype=dtypes.int32),
+               id="ones_like_dtype"),
+  pytest.param(lambda x: torch.zeros_like(x), lambda x: x.zeros_like(), id="zeros_like_method"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+@pytest.mark.parametrize("torch_fn, fg_fn", LIKE)
+def test_like(device, dtype, torch_fn, fg_fn):
+  check_op(device, [(3, 1, 4)], torch_fn, fg_fn, dtype=dtype)
+
+
+FROM_DATA = [
+  pytest.param(3, None, id="int"),
+  pytest.param(2.5, None, id="float"),
+  pytest.param(True, None, id="bool"),
+  pytest.param([[1, 2], [3, 4]], None, id="int_list"),
+  pytest.param([1, 2.5], None, id="mixed_list"),
+  pytest.param([True, False], None, id="bool_list"),
+  pytest.param([True, 2], None, id="bool_int_list"),
+  pytest.param([], None, id="empty_list"),
+  pytest.param([[1.5]], None, id="nested_1x1"),
+  pytest.param(np.arange(6, dtype=np.int32).reshape(2, 3), None, id="numpy_int32"),
+  pytest.param(np.linspace(0, 1, 5), None, id="numpy_float64"),
+  pytest.param(np.array([1, 0, 1], dtype=np.uint8), None, id="numpy_uint8"),
+  pytest.param(np.array(4.0, dtype=np.float32), None, id="numpy_0d"),
+  pytest.param([1, 2], "float16", id="list_dtype_half"),
+  pytest.param([1.7, -2.7], "int32", id="list_float_to_int32"),
+  pytest.param(np.array([0.5, 1.5], dtype=np.float32), "int64", id="numpy_dtype_cast"),
+]
+
+
+@pytest.mark.parametrize("data, dtype", FROM_DATA)
+def test_from_data(device, data, dtype):
+  expected = torch.tensor(data, dtype=None if dtype is None else torch_dtype(dtype))
+  got = Tensor(data, device=device, dtype=None if dtype is None else getattr(dtypes, dtype))
+  assert_same(got, expected, device=device)
+  assert got.tolist() == expected.tolist()
+
+
+def test_item_tolist_numpy(device):
+  assert Tensor(2.5, device=device).item() == 2.5 and isinstance(Tensor(2.5, device=device).item(), float)
+  assert Tensor(3, device=device).item() == 3 and isinstance(Tensor(3, device=device).item(), int)
+  assert Tensor(True, device=device).item() is True
+  assert Tensor([[1, 2], [3, 4]], device=device).tolist() == [[1, 2], [3, 4]]
+  assert (Tensor([1.5, 2.0], device=device) * 2).tolist() == [3.0, 4.0]
+  assert Tensor(7, device=device).tolist() == 7
+  assert Tensor([[1.5, 2.0]], device=device).sum().item() == 3.5
+  arr = Tensor([[1, 2], [3, 4]], dtype=dtypes.int32, device=device).numpy()
+  assert arr.dtype == np.int32 and arr.shape == (2, 2) and arr.tolist() == [[1, 2], [3, 4]]
+  assert Tensor([True, False], device=device).numpy().dtype == np.bool_
+
+
+def test_realize(device):
+  t = (Tensor([1.0, 2.0], device=device) + 1).realize()
+  assert isinstance(t, Tensor) and t.tolist() == [2.0, 3.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Random ops: shape, dtype, range, statistics and determinism, never values
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 1, 4)], ids=str)
+@pytest.mark.parametrize("name", ["rand", "randn"])
+def test_random_shapes(device, name, shape):
+  t = getattr(Tensor, name)(*shape, device=device)
+  assert t.shape == shape and t.dtype is dtypes.float32 and t.device == device
+  assert t.numpy().shape == shape and np.isfinite(t.numpy()).all()
+
+
+def test_rand_statistics(device):
+  x = Tensor.rand(100, 100, device=device).numpy()
+  assert x.min() >= 0.0 and x.max() < 1.0
+  assert abs(x.mean() - 0.5) < 0.02 and abs(x.std() - 12 ** -0.5) < 0.02
+  assert len(np.unique(x)) > 9000, "rand repeats values"
+
+
+def test_randn_statistics(device):
+  x = Tensor.randn(100, 100, device=device).numpy()
+  assert abs(x.mean()) < 0.05 and abs(x.std() - 1.0) < 0.05
+  assert abs(np.mean(np.abs(x) < 1.0) - 0.6827) < 0.03, "randn is not normal: wrong mass within one sigma"
+  assert np.isfinite(x).all()
+
+
+def test_uniform_statistics(device):
+  x = Tensor.uniform(100, 100, low=-3.0, high=5.0, device=device).numpy()
+  assert x.min() >= -3.0 and x.max() < 5.0
+  assert abs(x.mean() - 1.0) < 0.1 and abs(x.std() - 8 * 12 ** -0.5) < 0.1
+
+
+def test_random_dtype(device):
+  assert Tensor.rand(4, 4, dtype=dtypes.float16, device=device).dtype is dtypes.float16
+  x = Tensor.randn(8, 8, dtype=dtypes.float16, device=device).numpy()
+  assert x.dtype == np.float16 and np.isfinite(x).all()
+
+
+@pytest.mark.parametrize("name", ["rand", "randn"])
+def test_random_like(device, name):
+  x = Tensor.zeros(3, 1, 4, device=device)
+  y = getattr(Tensor, f"{name}_like")(x)
+  assert y.shape == (3, 1, 4) and y.dtype is dtypes.float32 and y.device == device
+
+
+@pytest.mark.parametrize("name", ["rand", "randn"])
+def test_manual_seed_determinism(device, name):
+  fn = lambda: getattr(Tensor, name)(7, 9, device=device).numpy()  # noqa: E731
+  Tensor.manual_seed(1234)
+  first, second = fn(), fn()
+  Tensor.manual_seed(1234)
+  np.testing.assert_array_equal(fn(), first)
+  np.testing.assert_array_equal(fn(), second)
+  assert not np.array_equal(first, second), "two draws after one seed are equal"
+  Tensor.manual_seed(4321)
+  assert not np.array_equal(fn(), first), "different seeds give equal draws"
+
+
+def test_manual_seed_uniform(device):
+  Tensor.manual_seed(5)
+  a = Tensor.uniform(64, low=2.0, high=3.0, device=device).numpy()
+  Tensor.manual_seed(5)
+  np.testing.assert_array_equal(Tensor.uniform(64, low=2.0, high=3.0, device=device).numpy(), a)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# User errors: the message names the op and the shapes
+
+@pytest.mark.parametrize("fn, words", [
+  pytest.param(lambda d: Tensor.ones(2, 3, device=d).reshape(4), ["reshape", "(2, 3)", "(4,)"], id="reshape"),
+  pytest.param(lambda d: Tensor.ones(3, 4, device=d) + Tensor.ones(5, device=d), ["(3, 4)", "(5,)"], id="broadcast"),
+  pytest.param(lambda d: Tensor.ones(2, 3, device=d) @ Tensor.ones(4, 5, device=d), ["(2, 3)", "(4, 5)"], id="matmul"),
+  pytest.param(lambda d: Tensor.ones(3, 4, device=d).permute(1, 0, 2), ["permute"], id="permute"),
+  pytest.param(lambda d: Tensor.ones(3, device=d).expand(4), ["expand", "(3,)", "(4,)"], id="expand"),
+  pytest.param(lambda d: Tensor.ones(2, 3, device=d).sum(2), ["sum"], id="reduce_axis"),
+  pytest.param(lambda d: fg_cat(Tensor.ones(2, 3, device=d), Tensor.ones(2, 4, device=d)), ["cat"], id="cat"),
+])
+def test_user_errors(device, fn, words):
+  with pytest.raises((ValueError, TypeError, IndexError, RuntimeError)) as info:
+    fn(device)
+  message = str(info.value)
+  for word in words: assert word in message, f"error message {message!r} should mention {word!r}"
+
+
+def test_getitem_out_of_range(device):
+  with pytest.raises(IndexError):
+    Tensor.ones(4, 5, device=device)[4]
+  with pytest.raises(IndexError):
+    Tensor.ones(4, 5, device=device)[:, -6]

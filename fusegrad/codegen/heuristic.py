@@ -1,6 +1,6 @@
 """Hand-coded optimizations: good default Opts for a kernel without any search.
 
-The rules, in order: split a big reduce across a thread block when the output is small (GROUPTOP, devices with
+The rules, in order: matmul-shaped fp16/bf16 reduces go to tensor cores (with register tiling); split a big reduce across a thread block when the output is small (GROUPTOP, devices with
 thread blocks); upcast axes that some input broadcasts (stride 0: the register tiling of matmul and conv); unroll a
 short or divisible reduce; upcast the output's unit-stride axis by 4 so loads and stores become float4; and on
 devices with thread blocks, give each block up to 128 threads along the global axes.
@@ -8,6 +8,7 @@ devices with thread blocks, give each block up to 128 threads along the global a
 from __future__ import annotations
 from fusegrad.helpers import prod
 from fusegrad.codegen.kernel import Kernel, Opt, OptOps, KernelOptError
+from fusegrad.codegen.tensor_cores import match_matmul
 
 
 def _try(k: Kernel, opt: Opt) -> bool:
@@ -22,12 +23,24 @@ def _int(x) -> int | None: return x if isinstance(x, int) else None
 
 
 def hand_coded_optimizations(k: Kernel) -> Kernel:
+  if k.opts.tensor_cores and match_matmul(k.reduceop) is not None and _try(k, Opt(OptOps.TC, 0, 0)):
+    _tile_tensor_cores(k)
+    return k
   if k.opts.has_local and k.reduceop is not None: _group_small_output(k)
   if k.reduceop is not None and k.group_for_reduces == 0: _upcast_broadcast_axes(k)
   if k.reduceop is not None and k.group_for_reduces == 0: _unroll_reduce(k)
   _upcast_output(k)
   if k.opts.has_local and not k.dont_use_locals: _add_locals(k)
   return k
+
+
+def _tile_tensor_cores(k: Kernel) -> None:
+  """Several m16n8k16 tiles per warp (register tiling): each loaded fragment feeds more than one WMMA."""
+  for _ in range(3):
+    for axis in range(k.first_reduce - k.local_dims - 1, -1, -1):
+      size = k.full_shape[axis]
+      if isinstance(size, int) and size % 2 == 0 and size > 1 and k.upcast_size() <= 256 and \
+         _try(k, Opt(OptOps.UPCAST, axis, 2)): break
 
 
 def _group_small_output(k: Kernel) -> None:

@@ -42,8 +42,9 @@ def check_against(tracker: ShapeTracker, expected: np.ndarray, var_env: dict[str
   valid = np.broadcast_to(np_eval(valid, env), expected.shape).astype(bool)
   np.testing.assert_array_equal(valid, expected != PAD, err_msg=f"valid is wrong for {tracker}")
   np.testing.assert_array_equal(np.where(valid, index, PAD), expected, err_msg=f"index is wrong for {tracker}")
-  if valid.any() and not var_env:
-    assert index[valid].min() >= 0 and index[valid].max() < tracker.size, f"size {tracker.size} of {tracker}"
+  size = int(np_eval(tracker.size, env)) if isinstance(tracker.size, UOp) else tracker.size
+  if valid.any():
+    assert index[valid].min() >= 0 and index[valid].max() < size, f"size {tracker.size} of {tracker}"
 
 
 # ***** random movement-op chains *****

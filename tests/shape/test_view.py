@@ -18,7 +18,7 @@ PAD = -1
 
 def read(view: View) -> np.ndarray:
   """The buffer index each element of `view` reads, PAD where it is masked out."""
-  grid = np.indices(view.shape, dtype=np.int64) if view.shape else np.zeros((0,), dtype=np.int64)
+  grid = np.indices(view.shape, dtype=np.int64)
   index = view.offset + sum((g * s for g, s in zip(grid, view.strides)), np.zeros(view.shape, dtype=np.int64))
   valid = np.ones(view.shape, dtype=bool)
   for g, (lo, hi) in zip(grid, view.mask or ()):
@@ -30,7 +30,7 @@ def read_stack(inner: View, outer: View) -> np.ndarray:
   """What `outer` stacked on `inner` reads: outer indexes inner's elements in C order."""
   flat, inner_read = read(outer), read(inner).reshape(-1)
   if inner_read.size == 0: return np.full(flat.shape, PAD)
-  return np.where(flat == PAD, PAD, inner_read[np.clip(flat, 0, max(inner_read.size - 1, 0))])
+  return np.where(flat == PAD, PAD, inner_read[np.clip(flat, 0, inner_read.size - 1)])
 
 
 # ***** View.create *****
