@@ -16,7 +16,7 @@ from fusegrad import Tensor, dtypes, __version__
 from fusegrad.config import config, Context
 from fusegrad.device import Device, cuda_usable
 from fusegrad.engine.schedule import create_schedule
-from fusegrad.engine.realize import kernel_for, render_kernel
+from fusegrad.engine.compile import kernel_for, render_kernel
 
 
 def cmd_doctor(args) -> int:

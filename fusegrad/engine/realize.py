@@ -12,8 +12,9 @@ from fusegrad.helpers import GlobalCounters, colored, to_function_name, ansilen
 from fusegrad.uop import UOp, Ops
 from fusegrad.device import Device, Buffer
 from fusegrad.codegen.kernel import Kernel, Opt
-from fusegrad.codegen.heuristic import hand_coded_optimizations
-from fusegrad.codegen.linearizer import linearize, verify_uops, LinearProgram
+from fusegrad.codegen.linearizer import LinearProgram
+from fusegrad.engine.compile import kernel_for, render_kernel, KernelSource
+from fusegrad.engine.search import beam_search
 from fusegrad.engine.schedule import ScheduleItem
 
 
@@ -33,39 +34,6 @@ class CompiledKernel:
 _PROGRAMS: dict[tuple[UOp, str], CompiledKernel] = {}
 
 
-def kernel_for(ast: UOp, device: str, opts: list[Opt] | None = None) -> Kernel:
-  """The Kernel of an AST with opts applied: `opts` if given, else the hand-coded heuristics (unless NOOPT)."""
-  k = Kernel(ast, Device[device].renderer)
-  if opts is not None:
-    for o in opts: k.apply_opt(o)
-  elif not config.NOOPT:
-    hand_coded_optimizations(k)
-  return k
-
-
-@dataclass
-class KernelSource:
-  """A kernel rendered and compiled for a device, not yet loaded (works without the device present)."""
-  name: str
-  lin: LinearProgram
-  src: str
-  lib: bytes
-
-
-def render_kernel(k: Kernel, device: str) -> KernelSource:
-  """Linearize, render and compile one Kernel; DEBUG=3/4/5 print opts, source and UOps."""
-  dev = Device[device]
-  lin = linearize(k)
-  if config.DEBUG >= 1 or config.VERIFY: verify_uops(lin.uops)
-  name = to_function_name(lin.name)
-  src = dev.renderer.render(name, lin.uops)
-  if config.DEBUG >= 3: print(f"{colored(name, 'cyan')} opts: {k.applied_opts}")
-  if config.DEBUG >= 4: print(src)
-  if config.DEBUG >= 5:
-    for i, u in enumerate(lin.uops): print(f"{i:4d} {u.op.name:<14} {u.dtype.name:<12} {u.arg if u.arg is not None else ''}")
-  return KernelSource(name, lin, src, dev.compiler.compile_cached(src))
-
-
 def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
   start = time.perf_counter()
   ks = render_kernel(k, device)
@@ -78,9 +46,12 @@ def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
   return CompiledKernel(ks.name, display, device, program, ks.lin, ks.src, list(k.applied_opts), elapsed)
 
 
-def get_program(ast: UOp, device: str) -> CompiledKernel:
+def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> CompiledKernel:
+  """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk)."""
   key = (ast, device)
-  if key not in _PROGRAMS: _PROGRAMS[key] = compile_kernel(kernel_for(ast, device), device)
+  if key not in _PROGRAMS:
+    opts = beam_search(ast, si.bufs, si.var_vals, device) if config.BEAM > 0 and si is not None else None
+    _PROGRAMS[key] = compile_kernel(kernel_for(ast, device, opts), device)
   return _PROGRAMS[key]
 
 
@@ -121,7 +92,7 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
       dst.allocate()
       Device[dst.device].allocator.copyin(dst._handle, memoryview(src.raw_bytes()))
     else:
-      ck = get_program(si.ast, si.bufs[0].device)
+      ck = get_program(si.ast, si.bufs[0].device, si)
       run_kernel(ck, si.bufs, si.var_vals)
     for out in si.outputs:
       out.op, out.srcs, out.arg = Ops.BUFFER, (), None
