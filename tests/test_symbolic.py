@@ -28,7 +28,8 @@ def simple(e: UOp) -> str: return simplify(e).render()
 
 # ***** property: simplify keeps values and bounds *****
 
-INT_KINDS = ("var", "const", "add", "sub", "mul_const", "mul_var", "idiv", "mod", "maximum", "neg")
+# "split" reuses a subexpression the way index code does: (x//4)*m + x%k
+INT_KINDS = ("var", "const", "add", "sub", "mul_const", "mul_var", "idiv", "mod", "maximum", "neg", "split")
 
 
 def _int_expr(draw, vs: list[UOp], depth: int) -> UOp:
@@ -43,6 +44,7 @@ def _int_expr(draw, vs: list[UOp], depth: int) -> UOp:
   if kind == "idiv": return x // draw(st.integers(1, 6))
   if kind == "mod": return x % draw(st.integers(1, 6))
   if kind == "maximum": return x.maximum(_int_expr(draw, vs, depth - 1))
+  if kind == "split": return (x // draw(st.integers(1, 6))) * draw(st.integers(1, 6)) + x % draw(st.integers(1, 6))
   return -x
 
 

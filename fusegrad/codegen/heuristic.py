@@ -31,7 +31,16 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
   if k.reduceop is not None and k.group_for_reduces == 0: _unroll_reduce(k)
   _upcast_output(k)
   if k.opts.has_local and not k.dont_use_locals: _add_locals(k)
+  if k.opts.max_threads > 1: _use_cores(k)
   return k
+
+
+def _use_cores(k: Kernel) -> None:
+  """Split the outer axis across the cores when there is enough work (>= 256K element-steps) to pay for it."""
+  work = prod(_int(s) or 1 for s in k.full_shape)
+  if work < (1 << 18) or k.global_dims == 0: return
+  for n in range(k.opts.max_threads, 1, -1):
+    if _try(k, Opt(OptOps.THREAD, 0, n)): return
 
 
 def _tile_tensor_cores(k: Kernel) -> None:

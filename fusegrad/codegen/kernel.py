@@ -18,7 +18,7 @@ from fusegrad.codegen.tensor_cores import TCPlan, match_matmul, M as TC_M, N as 
 
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); LASTLOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
-  NOLOCALS = auto(); PADTO = auto(); TC = auto()  # noqa: E702
+  NOLOCALS = auto(); PADTO = auto(); TC = auto(); THREAD = auto()  # noqa: E702
 
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
@@ -64,6 +64,7 @@ class Kernel:
     self.dont_use_locals = not opts.has_local
     self.applied_opts: list[Opt] = []
     self.tensor_core: TCPlan | None = None
+    self.threads = 1   # CPU: axis 0 is split across this many cores (THREAD)
     # reduce axes last, then drop size-1 axes and merge what can be merged
     reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
@@ -192,6 +193,7 @@ class Kernel:
     if opt.op is OptOps.TC: return self.apply_tensor_cores()
     _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL),
            f"{opt}: after TC only UPCAST and UNROLL may follow (the warp layout is fixed)")
+    if opt.op is OptOps.THREAD: return self.apply_threads(opt)
     if opt.op is OptOps.NOLOCALS:
       _check(self.local_dims == 0 and self.group_for_reduces == 0, f"{opt}: locals are already in use")
       self.dont_use_locals = True
@@ -222,6 +224,17 @@ class Kernel:
     else:
       raise KernelOptError(f"{opt}: {opt.op.name} is not supported on this kernel")
     self.simplify_ones()
+
+  def apply_threads(self, opt: Opt) -> None:
+    """Split global axis 0 so its outer `amount` part runs on that many CPU cores (each takes a contiguous chunk)."""
+    _check(self.opts.max_threads > 1, f"{opt}: the {self.opts.device} device does not run kernels on several cores")
+    _check(self.threads == 1 and not self.opts.has_local, f"{opt}: already threaded, or a device with thread blocks")
+    _check(self.global_dims > 0 and opt.axis == 0, f"{opt}: needs global axis 0")
+    amount, size = opt.amount, self.full_shape[0]
+    _check(isinstance(size, int) and amount is not None and 1 < amount <= self.opts.max_threads and size % amount == 0,
+           f"{opt}: {amount} threads must divide axis 0 of size {size} (at most {self.opts.max_threads} threads)")
+    if amount < size: self.shift_to(0, amount, top=True, insert_before=0)
+    self.threads = amount
 
   def apply_tensor_cores(self) -> None:
     """Map SUM(A*B) of fp16/bf16 loads onto mma m16n8k16: M splits into (.., mh 2 upcast, g 8 local), N into

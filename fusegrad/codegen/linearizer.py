@@ -88,6 +88,9 @@ class Lowerer:
     else:
       parent: UOp | None = None
       for i, s in enumerate(gsizes):
+        if i == 0 and k.threads > 1:  # the THREAD axis: one OpenMP thread per index
+          idxs[0] = UOp(Ops.SPECIAL, dtypes.index, (), SpecialArg("core0", 0, k.threads))
+          continue
         parent = self.loop(f"gidx{i}", s, parent)
         idxs[i] = parent
       self.outer_blocks = (parent,) if parent is not None else ()

@@ -26,6 +26,7 @@ class Renderer:
   shared_max: int = 0
   tensor_cores: tuple = ()
   arch: str = ""
+  max_threads: int = 1   # CPU cores a kernel may split its outer axis across (THREAD)
 
   def render(self, name: str, uops: list[UOp]) -> str: raise NotImplementedError
 
@@ -229,7 +230,9 @@ class CStyleRenderer(Renderer):
       else:
         raise NotImplementedError(f"render: {op} is not supported by the {self.device} renderer")
     body = "\n".join(lines)
-    return f"{self.prelude(uops)}\n{self.kernel_header(name, params, uops)}\n{body}\n}}\n"
+    return f"{self.prelude(uops)}\n{self.kernel_header(name, params, uops)}\n{body}\n{self.kernel_footer(uops)}\n"
+
+  def kernel_footer(self, uops: list[UOp]) -> str: return "}"
 
   def wmma(self, u: UOp, name: str, args: list[str]) -> str:
     raise NotImplementedError(f"WMMA is not supported by the {self.device} renderer")
@@ -253,10 +256,27 @@ class CStyleRenderer(Renderer):
 
 
 class CRenderer(CStyleRenderer):
-  """Plain C for the CPU backend: global axes become loops; GCC vector extensions give float4."""
-  def __init__(self):
+  """Plain C for the CPU backend: global axes become loops; GCC vector extensions give float4; a SPECIAL `core`
+  index (the THREAD opt) runs the kernel body in an OpenMP parallel region, one contiguous chunk per core."""
+  def __init__(self, max_threads: int = 1):
     super().__init__(device="CPU", has_local=False, supports_float4=True,
-                     vector_dtypes=frozenset({dtypes.float32, dtypes.int32}))
+                     vector_dtypes=frozenset({dtypes.float32, dtypes.int32}), max_threads=max_threads)
+
+  def special(self, u: UOp) -> str: return "omp_get_thread_num()"
+
+  @staticmethod
+  def threads(uops: list[UOp]) -> int:
+    return next((u.arg.size for u in uops if u.op is Ops.SPECIAL), 1)
+
+  def prelude(self, uops: list[UOp]) -> str:
+    return ("#include <omp.h>\n" if self.threads(uops) > 1 else "") + super().prelude(uops)
+
+  def kernel_header(self, name: str, params: list[str], uops: list[UOp]) -> str:
+    header = super().kernel_header(name, params, uops)
+    n = self.threads(uops)
+    return header if n == 1 else f"{header}\n#pragma omp parallel num_threads({n})\n{{"
+
+  def kernel_footer(self, uops: list[UOp]) -> str: return "}" if self.threads(uops) == 1 else "}\n}"
 
 
 CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))

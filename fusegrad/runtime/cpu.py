@@ -40,8 +40,8 @@ def compiler_version(cc: str) -> str:
 
 
 class CCompiler(Compiler):
-  def __init__(self):
-    self.cc, self.flags = config.CC, config.CFLAGS.split()
+  def __init__(self, openmp: bool = False):
+    self.cc, self.flags = config.CC, config.CFLAGS.split() + (["-fopenmp"] if openmp else [])
     self.cache_key = f"cpu {compiler_version(self.cc)} {' '.join(self.flags)}"
 
   def compile(self, src: str) -> bytes:
@@ -77,5 +77,21 @@ class CPUProgram:
     return time.perf_counter() - start
 
 
+@functools.cache
+def openmp_works(cc: str) -> bool:
+  """Whether `cc -fopenmp` builds a shared object here (kernels then may use several cores)."""
+  src = "#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n"
+  with tempfile.TemporaryDirectory() as tmp:
+    proc = subprocess.run([cc, "-fopenmp", "-shared", "-fPIC", "-x", "c", "-", "-o", os.path.join(tmp, "t.so")],
+                          input=src, capture_output=True, text=True)
+  return proc.returncode == 0
+
+
+def core_count() -> int:
+  if config.THREADS > 0: return config.THREADS
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def make_device() -> Compiled:
-  return Compiled("CPU", CPUAllocator(), CRenderer(), CCompiler(), CPUProgram)
+  threads = core_count() if openmp_works(config.CC) else 1
+  return Compiled("CPU", CPUAllocator(), CRenderer(max_threads=threads), CCompiler(openmp=threads > 1), CPUProgram)
