@@ -60,7 +60,10 @@ class Function:
     """Run the forward on the tensors' LazyBuffers; the output has this Function as its tape entry when it needs
     one. The output is built by the inputs' own class, so this module needs no import of tensor.py."""
     ctx = cls(tensors[0].device, *tensors)
-    out = type(tensors[0])(ctx.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=ctx.requires_grad)
+    ret = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
+    ctx.requires_grad = ctx.requires_grad and dtypes.is_float(ret.dtype)   # integer results never need grads
+    if not ctx.requires_grad: ctx.parents = ()
+    out = type(tensors[0])(ret, requires_grad=ctx.requires_grad)
     if ctx.requires_grad: out._attach(ctx)
     return out
 
@@ -203,7 +206,8 @@ class Pow(Function):
       dx = grad.alu(Ops.MUL, y.alu(Ops.CMPEQ, _const(y, 0)).alu(Ops.WHERE, _const(dx, 0), dx))
     if self.needs_input_grad[1]:
       dy = self.ret.alu(Ops.MUL, x.alu(Ops.LOG2).alu(Ops.MUL, _const(x, LN2)))
-      y_nonneg = y.alu(Ops.CMPLT, _const(y, 0)).alu(Ops.CMPEQ, LazyBuffer.const(False, dtypes.bool, y.shape, y.device))
+      y_negative = y.alu(Ops.CMPLT, _const(y, 0))
+      y_nonneg = y_negative.alu(Ops.CMPEQ, LazyBuffer.const(False, dtypes.bool, y.shape, y.device))
       base_zero = x.alu(Ops.CMPEQ, _const(x, 0)).alu(Ops.AND, y_nonneg)
       dy = grad.alu(Ops.MUL, base_zero.alu(Ops.WHERE, _const(dy, 0), dy))
     return dx, dy

@@ -83,6 +83,29 @@ def test_simplify_keeps_values_and_bounds(case: tuple[UOp, list[UOp]]) -> None:
     assert eval(printed, {"max": max}, env) == value, f"{s.render()} read as Python at {env}"
 
 
+@st.composite
+def index_splits(draw) -> tuple[UOp, list[UOp]]:
+  """((x//k1)*m + x%k2) // k3 or % k3: the split-and-regroup index code of reshapes, where one term recurs."""
+  low = draw(st.integers(-3, 3))
+  vs = [Variable("a", low, low + draw(st.integers(0, 8))), Variable("b", 0, 3)]
+  x = _int_expr(draw, vs, draw(st.integers(0, 1)))
+  k1, k2 = draw(st.integers(1, 6)), draw(st.integers(1, 13))
+  m = k1 * draw(st.integers(1, 3)) if draw(st.booleans()) else draw(st.integers(1, 12))
+  k3 = k1 if draw(st.booleans()) else draw(st.integers(1, 6))
+  split = (x // k1) * m + (x % k2 if k2 < 13 else x) + draw(st.integers(-4, 4))
+  return (split // k3 if draw(st.booleans()) else split % k3), vs
+
+
+@settings(max_examples=500, deadline=None)
+@given(index_splits())
+def test_simplify_keeps_values_of_index_splits(case: tuple[UOp, list[UOp]]) -> None:
+  e, vs = case
+  s = simplify(e)
+  for point in itertools.product(*[range(v.vmin, v.vmax + 1) for v in vs]):
+    env = {v.arg.name: x for v, x in zip(vs, point)}
+    assert s.evaluate(env) == e.evaluate(env), f"{e.render()} -> {s.render()} at {env}"
+
+
 def test_simplify_is_idempotent_and_memoized() -> None:
   e = (c // 4) * 4 + c % 4 + (a * 4 + b) // 4
   assert simplify(e) is simplify(e) and simplify(simplify(e)) is simplify(e)

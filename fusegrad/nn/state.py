@@ -85,7 +85,7 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True)
     if key not in values: continue
     target.assign(values[key].detach().to(target.device).cast(target.dtype))
     loaded.append(target)
-  Tensor.realize(*loaded)
+  Tensor.realize_all(*loaded)
   return LoadResult(missing, unexpected)
 
 
@@ -213,7 +213,7 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
     if t.dtype not in _SAFETENSORS_NAMES: raise TypeError(f"safe_save: {path}: {name!r} has unsupported dtype {t.dtype}")
   if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
     raise TypeError(f"safe_save: {path}: metadata must map strings to strings")
-  Tensor.realize(*tensors.values())
+  Tensor.realize_all(*tensors.values())
   order = sorted(tensors, key=lambda name: -tensors[name].dtype.itemsize)
   blobs = [_host_bytes(tensors[name].numpy(), tensors[name].dtype) for name in order]
   header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
@@ -383,59 +383,59 @@ def _materialize(obj: Any, big_endian: bool, memo: dict[int, Any]) -> Any:
   return obj
 
 
-def _load_zip(path: str) -> Any:
+def _read_zip(path: str) -> tuple[Any, bool]:
   """The zip layout of torch.save (since 1.6): <archive>/data.pkl, <archive>/data/<key>, <archive>/byteorder."""
   with zipfile.ZipFile(path) as zf:
-    pickles = [n for n in zf.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-    if len(pickles) != 1: raise ValueError(f"torch_load: {path}: a zip, but not one torch.save wrote (no data.pkl)")
-    root = pickles[0][:-len("data.pkl")]
     names = set(zf.namelist())
+    pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+    if len(pickles) != 1: raise ValueError("a zip archive, but not one torch.save wrote (no <archive>/data.pkl)")
+    root = pickles[0][:-len("data.pkl")]
     big_endian = f"{root}byteorder" in names and zf.read(f"{root}byteorder").strip() == b"big"
     with zf.open(pickles[0]) as f:
-      unpickler = _RestrictedUnpickler(f, path)
+      unpickler = _RestrictedUnpickler(f)
       result = unpickler.load()
     for key, storage in unpickler.storages.items():
-      name = f"{root}data/{key}"
-      if name not in names: raise ValueError(f"torch_load: {path}: storage {key!r} is missing from the archive")
-      storage.data = np.frombuffer(zf.read(name), dtype=np.uint8)
+      if f"{root}data/{key}" not in names: raise ValueError(f"storage {key!r} is missing from the archive")
+      storage.data = np.frombuffer(zf.read(f"{root}data/{key}"), dtype=np.uint8)
       if storage.data.size < storage.nbytes:
-        raise ValueError(f"torch_load: {path}: storage {key!r} has {storage.data.size} bytes, needs {storage.nbytes}")
-  return _materialize(result, big_endian, path, {})
+        raise ValueError(f"storage {key!r} has {storage.data.size} bytes, the checkpoint says {storage.nbytes}")
+  return result, big_endian
 
 
-def _load_legacy(path: str) -> Any:
-  """The format of torch.save before 1.6: magic, protocol, sys info and the object as pickles, then the list of
+def _read_legacy(path: str) -> tuple[Any, bool]:
+  """The format of torch.save before 1.6: magic number, protocol and sys info as pickles, the object, the list of
   storage keys, then each storage as an 8-byte element count and its bytes."""
   with open(path, "rb") as f:
-    head = [_RestrictedUnpickler(f, path).load() for _ in range(3)] if f.read(1) == b"\x80" and not f.seek(0) else []
-    if len(head) != 3 or head[0] != _TORCH_LEGACY_MAGIC or head[1] != _TORCH_LEGACY_PROTOCOL:
-      raise ValueError(f"torch_load: {path}: not a PyTorch checkpoint (neither a torch.save zip nor the legacy format)")
-    big_endian = isinstance(head[2], dict) and head[2].get("little_endian") is False
-    unpickler = _RestrictedUnpickler(f, path)
+    if f.read(1) != b"\x80": raise ValueError("not a PyTorch checkpoint (neither a zip archive nor a pickle)")
+    f.seek(0)
+    magic, protocol, sys_info = (_RestrictedUnpickler(f).load() for _ in range(3))
+    if magic != _TORCH_LEGACY_MAGIC or protocol != _TORCH_LEGACY_PROTOCOL:
+      raise ValueError("not a PyTorch checkpoint: a pickle without torch.save's magic number")
+    big_endian = isinstance(sys_info, dict) and sys_info.get("little_endian") is False
+    unpickler = _RestrictedUnpickler(f)
     result = unpickler.load()
-    keys = _RestrictedUnpickler(f, path).load()
-    if not isinstance(keys, list): raise ValueError(f"torch_load: {path}: malformed storage key list")
+    keys = _RestrictedUnpickler(f).load()
+    if not isinstance(keys, list) or set(keys) != set(unpickler.storages):
+      raise ValueError(f"the storage list {keys!r} doesn't match the storages the tensors use")
     for key in keys:
-      count_bytes = f.read(8)
-      storage = unpickler.storages.get(key)
-      if storage is None or len(count_bytes) != 8: raise ValueError(f"torch_load: {path}: bad storage record {key!r}")
-      count = int.from_bytes(count_bytes, "big" if big_endian else "little")
-      nbytes = count * (storage.dtype.itemsize if storage.dtype is not None else 1)
-      storage.data = np.frombuffer(f.read(nbytes), dtype=np.uint8)
-      if storage.data.size != nbytes: raise ValueError(f"torch_load: {path}: storage {key!r} is truncated")
-    unread = [k for k, s in unpickler.storages.items() if s.data is None]
-    if unread: raise ValueError(f"torch_load: {path}: storages {unread} have no data")
-  return _materialize(result, big_endian, path, {})
+      storage = unpickler.storages[key]
+      count = int.from_bytes(f.read(8), "big" if big_endian else "little")
+      storage.data = np.frombuffer(f.read(count * (storage.dtype.itemsize if storage.dtype else 1)), dtype=np.uint8)
+      if storage.data.size < storage.nbytes: raise ValueError(f"storage {key!r} is truncated")
+  return result, big_endian
 
 
 def torch_load(path: str | os.PathLike) -> Any:
-  """Load a PyTorch checkpoint (.pt/.pth, zip or legacy format) without torch; usually a dict[str, Tensor] (state
+  """Load a PyTorch checkpoint (.pt/.pth, zip or legacy format) without torch: usually a dict[str, Tensor] (a state
   dict), else the saved containers with Tensors in them. A checkpoint that references anything but tensor storage and
-  plain containers is refused with pickle.UnpicklingError before any of it runs; a malformed one raises ValueError."""
+  plain containers is refused with UnsafeCheckpointError (a pickle.UnpicklingError) before any of it runs; a
+  malformed one raises ValueError. Both name the file."""
   path = os.fspath(path)
   try:
-    return _load_zip(path) if zipfile.is_zipfile(path) else _load_legacy(path)
-  except (pickle.UnpicklingError, ValueError, TypeError, OSError):
-    raise
-  except (EOFError, IndexError, KeyError, AttributeError, struct.error, zipfile.BadZipFile) as e:
-    raise ValueError(f"torch_load: {path}: malformed checkpoint ({type(e).__name__}: {e})") from e
+    result, big_endian = _read_zip(path) if zipfile.is_zipfile(path) else _read_legacy(path)
+    return _materialize(result, big_endian, {})
+  except UnsafeCheckpointError as e:
+    raise UnsafeCheckpointError(f"torch_load: {path}: {e}") from None
+  except (ValueError, TypeError, EOFError, IndexError, KeyError, AttributeError, struct.error, zipfile.BadZipFile,
+          pickle.UnpicklingError) as e:
+    raise ValueError(f"torch_load: {path}: {e}") from e
