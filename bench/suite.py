@@ -47,38 +47,48 @@ def _rand(*shape, dtype=np.float32):
   return np.random.default_rng(0).standard_normal(shape).astype(dtype)
 
 
-def _softmax(x, xp):
-  m = x.max(axis=-1, keepdims=True) if xp is not torch else x.amax(dim=-1, keepdim=True)
-  e = (x - m).exp() if xp is not np else np.exp(x - m)
-  return e / (e.sum(axis=-1, keepdims=True) if xp is not torch else e.sum(dim=-1, keepdim=True))
+def _np_softmax(x):
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
 
 
-def _layernorm(x, xp):
-  if xp is torch: return torch.nn.functional.layer_norm(x, x.shape[-1:])
-  mean = x.mean(axis=-1, keepdims=True) if xp is np else x.mean(axis=-1, keepdim=True)
-  c = x - mean
-  var = (c * c).mean(axis=-1, keepdims=True) if xp is np else (c * c).mean(axis=-1, keepdim=True)
-  return c / (np.sqrt(var + 1e-5) if xp is np else (var + 1e-5).sqrt())
+def _np_layernorm(x):
+  c = x - x.mean(axis=-1, keepdims=True)
+  return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5)
 
 
-def _relu(x, xp): return np.maximum(x, 0) if xp is np else x.relu()
+def _fg_layernorm(x):
+  c = x - x.mean(axis=-1, keepdim=True)
+  return c * ((c * c).mean(axis=-1, keepdim=True) + 1e-5).rsqrt()
+
+
+def _pick(np_fn, torch_fn, fg_fn):
+  """One `make(xp, *inputs)` from the three spellings of the same computation."""
+  return lambda xp, *xs: (np_fn if xp is np else torch_fn if xp is torch else fg_fn)(*xs)
+
+
+def _matmul(a, b): return a @ b
 
 
 CASES = [
-  Case("ew_fused", {"CPU": (1 << 22,), "CUDA": (1 << 24,)}, lambda xp, a, b, c: _relu(a * b + c, xp),
+  Case("ew_fused", {"CPU": (1 << 22,), "CUDA": (1 << 24,)},
+       _pick(lambda a, b, c: np.maximum(a * b + c, 0), lambda a, b, c: (a * b + c).relu(),
+             lambda a, b, c: (a * b + c).relu()),
        lambda s: [_rand(*s), _rand(*s), _rand(*s)], lambda s: 3 * s[0], lambda s: 16 * s[0]),
   Case("reduce_rows", {"CPU": (4096, 4096), "CUDA": (8192, 8192)},
-       lambda xp, a: a.sum(axis=1) if xp is not torch else a.sum(dim=1), lambda s: [_rand(*s)],
+       _pick(lambda a: a.sum(axis=1), lambda a: a.sum(dim=1), lambda a: a.sum(axis=1)), lambda s: [_rand(*s)],
        lambda s: s[0] * s[1], lambda s: 4 * s[0] * s[1] + 4 * s[0]),
-  Case("reduce_all", {"CPU": (1 << 24,), "CUDA": (1 << 26,)}, lambda xp, a: a.sum(), lambda s: [_rand(*s)],
-       lambda s: s[0], lambda s: 4 * s[0]),
-  Case("softmax", {"CPU": (2048, 2048), "CUDA": (8192, 8192)}, lambda xp, a: _softmax(a, xp), lambda s: [_rand(*s)],
+  Case("reduce_all", {"CPU": (1 << 24,), "CUDA": (1 << 26,)}, _pick(np.sum, lambda a: a.sum(), lambda a: a.sum()),
+       lambda s: [_rand(*s)], lambda s: s[0], lambda s: 4 * s[0]),
+  Case("softmax", {"CPU": (2048, 2048), "CUDA": (8192, 8192)},
+       _pick(_np_softmax, lambda a: a.softmax(dim=-1), lambda a: a.softmax(-1)), lambda s: [_rand(*s)],
        lambda s: 5 * s[0] * s[1], lambda s: 8 * s[0] * s[1]),
-  Case("layernorm", {"CPU": (2048, 2048), "CUDA": (8192, 8192)}, lambda xp, a: _layernorm(a, xp),
+  Case("layernorm", {"CPU": (2048, 2048), "CUDA": (8192, 8192)},
+       _pick(_np_layernorm, lambda a: torch.nn.functional.layer_norm(a, a.shape[-1:]), _fg_layernorm),
        lambda s: [_rand(*s)], lambda s: 7 * s[0] * s[1], lambda s: 8 * s[0] * s[1]),
-  Case("matmul_fp32", {"CPU": (1024,), "CUDA": (4096,)}, lambda xp, a, b: a @ b,
+  Case("matmul_fp32", {"CPU": (1024,), "CUDA": (4096,)}, _pick(_matmul, _matmul, _matmul),
        lambda s: [_rand(s[0], s[0]), _rand(s[0], s[0])], lambda s: 2 * s[0] ** 3, lambda s: 12 * s[0] ** 2),
-  Case("matmul_fp16", {"CUDA": (8192,)}, lambda xp, a, b: a @ b,
+  Case("matmul_fp16", {"CUDA": (8192,)}, _pick(_matmul, _matmul, _matmul),
        lambda s: [_rand(s[0], s[0], dtype=np.float16), _rand(s[0], s[0], dtype=np.float16)],
        lambda s: 2 * s[0] ** 3, lambda s: 6 * s[0] ** 2, dtype="float16"),
 ]
