@@ -96,6 +96,8 @@ class LazyBuffer:
     if 0 in [self.shape[i] for i in axis] or self.size == 0:
       return LazyBuffer.const(0 if op is Ops.ADD else -math.inf if dtypes.is_float(src.dtype)
                               else dtypes.min(src.dtype), src.dtype, new_shape, self.device)
+    split = _split_reduce(src, op, axis)
+    if split is not None: return split
     return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), src.dtype, Ops.REDUCE,
                       ReduceArg(op, tuple(sorted(axis))), (src,))
 
@@ -128,6 +130,27 @@ class LazyBuffer:
     return self if all(a == (0, s) for a, s in zip(arg, self.shape)) else self._view(self.st.shrink(arg))
   def stride(self, arg: tuple[int, ...]) -> LazyBuffer:
     return self if all(a == 1 for a in arg) else self._view(self.st.stride(arg))
+
+
+SPLIT_MIN_REDUCE = 1 << 16   # a reduce this long with few outputs becomes two kernels
+SPLIT_MAX_OUTPUTS = 64
+
+
+def _split_reduce(x: LazyBuffer, op: Ops, axis: tuple[int, ...]) -> LazyBuffer | None:
+  """Reduce a long axis with few outputs in two steps, (n, size/n) then n, so the first kernel has n-fold parallel
+  work (a GPU grid, several CPU cores) instead of one thread block or one core walking everything."""
+  if not all_int(x.shape): return None
+  reduce_size, out_size = prod(x.shape[i] for i in axis), prod(s for i, s in enumerate(x.shape) if i not in axis)
+  if reduce_size < SPLIT_MIN_REDUCE or out_size > SPLIT_MAX_OUTPUTS: return None
+  ax = max(axis, key=lambda a: x.shape[a])
+  size = x.shape[ax]
+  n = next((n for n in (256, 128, 64, 32, 16) if size % n == 0 and size // n >= 256), None)
+  if n is None: return None
+  split = x.reshape(x.shape[:ax] + (n, size // n) + x.shape[ax + 1:])
+  inner_axes = tuple(a + (a > ax) for a in axis if a != ax) + (ax + 1,)
+  first = split.r(op, inner_axes)
+  second = first.r(op, (ax,))
+  return second.reshape(tuple(1 if i in axis else s for i, s in enumerate(x.shape)))
 
 
 def _fold_consts(op: Ops, dtype: DType, srcs: tuple[LazyBuffer, ...]) -> LazyBuffer | None:

@@ -202,8 +202,12 @@ class UOp:
   def maximum(self, x): return self.alu(Ops.MAX, x)
   def minimum(self, x): return -((-self).maximum(-self._rconst(x)))
   def where(self, x, y):
-    x = x if isinstance(x, UOp) else (y.const_like(x) if isinstance(y, UOp) else UOp.const(dtypes.index, x))
-    return self.alu(Ops.WHERE, x, y)
+    """x where this bool is true, else y. A Python number takes the other branch's dtype; two numbers make an index
+    WHERE, or a default-float one if either is a float."""
+    if not isinstance(x, UOp) and not isinstance(y, UOp):
+      x = UOp.const(dtypes.default_float if isinstance(x, float) or isinstance(y, float) else dtypes.index, x)
+    x = x if isinstance(x, UOp) else y.const_like(x)
+    return self.alu(Ops.WHERE, x, y if isinstance(y, UOp) else x.const_like(y))
   def cast(self, dtype: DType) -> UOp: return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
 
   # ***** symbolic variables *****
@@ -239,10 +243,12 @@ class UOp:
 
   # ***** evaluation and printing *****
   def evaluate(self, env: dict[str, int] | None = None):
-    """The value of a scalar int/bool/float expression, with DEFINE_VAR/SPECIAL/LOOP names given in `env`."""
-    env = env or {}
+    """The value of a scalar int/bool/float expression, with DEFINE_VAR/SPECIAL/LOOP names given in `env`.
+    A bound variable (`Variable("n", 1, 9).bind(3)`) needs no entry: its value comes from the BIND."""
+    nodes = self.toposort()
+    env = {**{n.src[0].arg.name: n.src[1].arg for n in nodes if n.op is Ops.BIND}, **(env or {})}
     vals: dict[UOp, Any] = {}
-    for n in self.toposort():
+    for n in nodes:
       if n.op is Ops.CONST: vals[n] = n.arg
       elif n.op in (Ops.DEFINE_VAR, Ops.SPECIAL, Ops.LOOP):
         name = n.arg.name if n.op is not Ops.LOOP else n.arg

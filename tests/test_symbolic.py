@@ -89,10 +89,11 @@ def index_splits(draw) -> tuple[UOp, list[UOp]]:
   low = draw(st.integers(-3, 3))
   vs = [Variable("a", low, low + draw(st.integers(0, 8))), Variable("b", 0, 3)]
   x = _int_expr(draw, vs, draw(st.integers(0, 1)))
-  k1, k2 = draw(st.integers(1, 6)), draw(st.integers(1, 13))
+  k1 = draw(st.integers(1, 6))
   m = k1 * draw(st.integers(1, 3)) if draw(st.booleans()) else draw(st.integers(1, 12))
+  low_part = x if draw(st.booleans()) else x % draw(st.integers(1, 12))
   k3 = k1 if draw(st.booleans()) else draw(st.integers(1, 6))
-  split = (x // k1) * m + (x % k2 if k2 < 13 else x) + draw(st.integers(-4, 4))
+  split = (x // k1) * m + low_part + draw(st.integers(-4, 4))
   return (split // k3 if draw(st.booleans()) else split % k3), vs
 
 

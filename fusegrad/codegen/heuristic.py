@@ -26,7 +26,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
   if k.opts.tensor_cores and match_matmul(k.reduceop) is not None and _try(k, Opt(OptOps.TC, 0, 0)):
     _tile_tensor_cores(k)
     return k
-  if k.opts.has_local and k.reduceop is not None: _group_small_output(k)
+  if k.opts.has_local and k.reduceop is not None: _group_reduce(k)
   if k.reduceop is not None and k.group_for_reduces == 0: _upcast_broadcast_axes(k)
   if k.reduceop is not None and k.group_for_reduces == 0: _unroll_reduce(k)
   _upcast_output(k)
@@ -52,13 +52,16 @@ def _tile_tensor_cores(k: Kernel) -> None:
          _try(k, Opt(OptOps.UPCAST, axis, 2)): break
 
 
-def _group_small_output(k: Kernel) -> None:
-  """Few outputs, long reduce: split the reduce across up to 256 threads, neighbours reading neighbours (GROUP)."""
+def _group_reduce(k: Kernel) -> None:
+  """Split the reduce across up to 256 threads of a block, neighbours reading neighbours (GROUP): when there are few
+  outputs (little parallelism otherwise), or when the reduce axis is contiguous in memory (so a warp's loads are
+  coalesced, where one thread per output would stride through memory)."""
   out_size = prod(_int(s) or 1 << 20 for s in k.full_shape[:k.first_reduce])
   reduce_axis = k.first_upcast - 1
-  if reduce_axis < k.first_reduce or out_size > 2048: return
+  if reduce_axis < k.first_reduce: return
   size = _int(k.full_shape[reduce_axis])
-  if size is None or size < 256: return
+  contiguous = any(st.real_strides()[reduce_axis] == 1 for st in k.sts[1:])
+  if size is None or size < 128 or (out_size > 2048 and not contiguous): return
   for amount in (256, 128, 64, 32, 16):
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 

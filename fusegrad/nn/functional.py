@@ -184,13 +184,12 @@ def binary_cross_entropy(probs: Tensor, target: Tensor, *, reduction: str = "mea
 def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, *, reduction: str = "mean",
                                      pos_weight: Tensor | None = None) -> Tensor:
   """binary_cross_entropy(sigmoid(x), y) computed stably: (1-y)*x + w*softplus(-x), with w = 1 + (pos_weight-1)*y
-  and softplus(-x) = max(-x, 0) + log(1 + exp(-|x|)), which never overflows."""
+  (Tensor.softplus never overflows: it is linear past its threshold)."""
   _check_reduction(reduction, "binary_cross_entropy_with_logits")
   _check_same_shape(logits, target, "binary_cross_entropy_with_logits")
   target = target.cast(logits.dtype)
-  softplus_neg = (-logits).relu() + (1 + (-logits.abs()).exp()).log()
   weight = 1 + (pos_weight - 1) * target if pos_weight is not None else 1
-  return _reduce((1 - target) * logits + weight * softplus_neg, reduction, "binary_cross_entropy_with_logits")
+  return _reduce((1 - target) * logits + weight * (-logits).softplus(), reduction, "binary_cross_entropy_with_logits")
 
 
 def mse_loss(x: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
