@@ -5,6 +5,7 @@ and on disk by source (device.py). Counters and DEBUG output are kept here: DEBU
 3 the applied opts, 4 the source, 5 the UOps.
 """
 from __future__ import annotations
+import contextlib
 import time
 from dataclasses import dataclass
 from fusegrad.config import config
@@ -32,6 +33,18 @@ class CompiledKernel:
 
 
 _PROGRAMS: dict[tuple[UOp, str], CompiledKernel] = {}
+_CAPTURE: list[list] = []   # open JIT captures: each records (kernel, buffers, var_vals) of every launch
+
+
+@contextlib.contextmanager
+def capture_kernels():
+  """Record every kernel launched inside the block (used by the JIT)."""
+  record: list = []
+  _CAPTURE.append(record)
+  try:
+    yield record
+  finally:
+    _CAPTURE.remove(record)
 
 
 def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
@@ -94,5 +107,6 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
     else:
       ck = get_program(si.ast, si.bufs[0].device, si)
       run_kernel(ck, si.bufs, si.var_vals)
+      for record in _CAPTURE: record.append((ck, si.bufs, si.var_vals))
     for out in si.outputs:
       out.op, out.srcs, out.arg = Ops.BUFFER, (), None
