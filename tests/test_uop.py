@@ -214,20 +214,23 @@ def test_pretty_prints_large_scalar_graph_as_lines() -> None:
 
 
 VARS = (Variable("x", -2, 2), Variable("y", 0, 3))
-int_leaves = st.sampled_from(VARS) | st.integers(-5, 5).map(i32)
-nonzero = st.integers(-4, 4).filter(bool)
+BINARY = (operator.add, operator.sub, operator.mul, UOp.maximum)
 
 
-def _grow(children):
-  return st.one_of(
-    st.tuples(children, children, st.sampled_from([operator.add, operator.sub, operator.mul, UOp.maximum]))
-      .map(lambda t: t[2](t[0], t[1])),
-    st.tuples(children, nonzero, st.sampled_from([operator.floordiv, operator.mod])).map(lambda t: t[2](t[0], t[1])),
-    children.map(operator.neg))
+@st.composite
+def int_exprs(draw, depth: int = 3) -> UOp:
+  """Unsimplified int expressions over x, y and small constants, with // and % by nonzero constants of either sign."""
+  kind = draw(st.sampled_from(("leaf",) if depth == 0 else ("leaf", "binary", "divmod", "neg")))
+  if kind == "leaf": return draw(st.sampled_from(VARS) | st.integers(-5, 5).map(i32))
+  x = draw(int_exprs(depth - 1))
+  if kind == "binary": return draw(st.sampled_from(BINARY))(x, draw(int_exprs(depth - 1)))
+  if kind == "divmod":
+    return draw(st.sampled_from((operator.floordiv, operator.mod)))(x, draw(st.integers(-4, 4).filter(bool)))
+  return -x
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.recursive(int_leaves, _grow, max_leaves=8), st.booleans())
+@given(int_exprs(), st.booleans())
 def test_render_reads_back_as_python(e: UOp, compare: bool) -> None:
   if compare: e = e < VARS[1] + 1
   printed = compile(e.render(), "<render>", "eval")

@@ -12,7 +12,6 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import make_pair, prod
 from fusegrad.tensor import Tensor
 from fusegrad.nn import functional, optim, state
-from fusegrad.nn.functional import conv_transpose2d
 
 __all__ = ["Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Embedding", "Dropout",
            "functional", "optim", "state"]
@@ -72,14 +71,14 @@ class ConvTranspose2d:
     if in_channels % groups or out_channels % groups:
       raise ValueError(f"ConvTranspose2d: in_channels={in_channels} and out_channels={out_channels} must be divisible "
                        f"by groups={groups}")
-    self.kernel_size, self.stride, self.dilation = make_pair(kernel_size), make_pair(stride), make_pair(dilation)
-    self.padding, self.output_padding, self.groups = make_pair(padding), make_pair(output_padding), groups
+    self.kernel_size, self.stride, self.padding = make_pair(kernel_size), stride, padding
+    self.output_padding, self.dilation, self.groups = output_padding, dilation, groups
     self.weight = _weight(in_channels, out_channels // groups, *self.kernel_size)   # fan_in from shape[1:], as torch
     self.bias = _bias(out_channels, prod(self.weight.shape[1:])) if bias else None
 
   def __call__(self, x: Tensor) -> Tensor:
-    return conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.dilation,
-                            self.groups)
+    return functional.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                       self.groups, self.dilation)
 
 
 class BatchNorm2d:
@@ -156,10 +155,7 @@ class Embedding:
 
   def __call__(self, idx: Tensor) -> Tensor:
     if not dtypes.is_int(idx.dtype): raise TypeError(f"Embedding: indices must be integers, got {idx.dtype}")
-    if idx.lazydata.realized is not None:   # looking costs no compute: check the range (the lookup would give 0s)
-      values = idx.numpy()
-      bad = values[(values < 0) | (values >= self.num_embeddings)]
-      if bad.size: raise IndexError(f"Embedding: index {bad[0]} is out of range for {self.num_embeddings} embeddings")
+    functional.check_index_range(idx, self.num_embeddings, "Embedding: index", "embeddings")
     return self.weight[idx]
 
 

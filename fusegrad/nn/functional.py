@@ -4,10 +4,9 @@ They are compositions of Tensor ops, so they are lazy and differentiable like an
 parameters and call these; losses check their inputs' shapes and dtypes at the call and say what would be valid.
 """
 from __future__ import annotations
-import math
 from typing import Sequence
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import make_pair, prod
+from fusegrad.helpers import make_pair
 from fusegrad.tensor import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -24,8 +23,8 @@ def _dilate(x: Tensor, stride: tuple[int, int]) -> Tensor:
 
 
 def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
-                     padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0,
-                     dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
+                     padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> Tensor:
   """The gradient of conv2d with respect to its input, as torch's conv_transpose2d: weight is (cin, cout/groups, kh,
   kw). Computed as a stride-1 conv2d of the zero-dilated, padded input with the flipped, group-transposed weight."""
   stride, padding, output_padding, dilation = (make_pair(v) for v in (stride, padding, output_padding, dilation))
@@ -102,6 +101,15 @@ def _check_same_shape(x: Tensor, target: Tensor, op: str) -> None:
     raise ValueError(f"{op}: input {x.shape} and target {target.shape} must have the same shape")
 
 
+def check_index_range(idx: Tensor, n: int, what: str, of: str, ignore: int | None = None) -> None:
+  """IndexError unless every index is in [0, n) (or equals `ignore`), checked only when idx is already realized:
+  then looking costs a copy, not a computation. (A one-hot lookup would silently give 0 for a bad index.)"""
+  if idx.lazydata.realized is None: return
+  values = idx.numpy()
+  bad = values[((values < 0) | (values >= n)) & (values != ignore)]
+  if bad.size: raise IndexError(f"{what} {bad[0]} is out of range for {n} {of}")
+
+
 def _check_class_targets(logits: Tensor, target: Tensor, ignore_index: int, op: str) -> None:
   """Class-index targets: integer dtype, the shape of the logits without the class axis (1), and (when the targets
   are already realized, so looking costs no compute) every index in [0, C) or equal to ignore_index."""
@@ -112,10 +120,7 @@ def _check_class_targets(logits: Tensor, target: Tensor, ignore_index: int, op: 
   if tuple(target.shape) != expected:
     raise ValueError(f"{op}: input {logits.shape} (N, C, ...) needs class-index targets of shape {expected}, got "
                      f"{target.shape}")
-  if target.lazydata.realized is None: return
-  values = target.numpy()
-  bad = values[((values < 0) | (values >= logits.shape[1])) & (values != ignore_index)]
-  if bad.size: raise IndexError(f"{op}: target class {bad[0]} is out of range for {logits.shape[1]} classes")
+  check_index_range(target, logits.shape[1], f"{op}: target class", "classes", ignore_index)
 
 
 def _pick(logprobs: Tensor, target: Tensor) -> Tensor:

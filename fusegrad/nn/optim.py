@@ -85,7 +85,8 @@ class Adam(Optimizer):
   def __init__(self, params: Iterable[Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False):
     super().__init__(params, lr)
-    if not all(0 <= b < 1 for b in betas): raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
+    if not all(0 <= b < 1 for b in betas):
+      raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
     if eps < 0 or weight_decay < 0:
       raise ValueError(f"{type(self).__name__}: eps ({eps}) and weight_decay ({weight_decay}) must be >= 0")
     self.betas, self.eps, self.weight_decay, self.amsgrad = betas, eps, weight_decay, amsgrad

@@ -186,8 +186,6 @@ def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
   path = os.fspath(path)
   with open(path, "rb") as f:
     entries, data_start = _read_safetensors_header(f, path)
-    if data_start == os.fstat(f.fileno()).st_size:   # nothing to map: every tensor is empty
-      return {e.name: Tensor(_raw_to_numpy(np.empty(0, np.uint8), e.dtype, e.shape), dtype=e.dtype) for e in entries}
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
       return _tensors_from_map(mapped, entries, data_start)
 
@@ -210,7 +208,8 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
     if not isinstance(name, str) or name == "__metadata__":
       raise ValueError(f"safe_save: {path}: tensor names must be strings other than __metadata__, got {name!r}")
     if not isinstance(t, Tensor): raise TypeError(f"safe_save: {path}: {name!r} is a {type(t).__name__}, not a Tensor")
-    if t.dtype not in _SAFETENSORS_NAMES: raise TypeError(f"safe_save: {path}: {name!r} has unsupported dtype {t.dtype}")
+    if t.dtype not in _SAFETENSORS_NAMES:
+      raise TypeError(f"safe_save: {path}: {name!r} has dtype {t.dtype.name}, which safetensors files can't hold")
   if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
     raise TypeError(f"safe_save: {path}: metadata must map strings to strings")
   Tensor.realize_all(*tensors.values())
@@ -219,9 +218,8 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
   header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
   position = 0
   for name, blob in zip(order, blobs):
-    t = tensors[name]
-    header[name] = {"dtype": _SAFETENSORS_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [position,
-                                                                                                     position + blob.size]}
+    header[name] = {"dtype": _SAFETENSORS_NAMES[tensors[name].dtype], "shape": list(tensors[name].shape),
+                    "data_offsets": [position, position + blob.size]}
     position += blob.size
   encoded = json.dumps(header, separators=(",", ":")).encode()
   encoded += b" " * (-len(encoded) % 8)
@@ -249,9 +247,9 @@ _TORCH_STORAGES: dict[str, DType] = {
   "DoubleStorage": dtypes.float64, "FloatStorage": dtypes.float32, "HalfStorage": dtypes.float16,
   "BFloat16Storage": dtypes.bfloat16, "LongStorage": dtypes.int64, "IntStorage": dtypes.int32,
   "ShortStorage": dtypes.int16, "CharStorage": dtypes.int8, "ByteStorage": dtypes.uint8, "BoolStorage": dtypes.bool}
-_TORCH_UNSUPPORTED = ("float8", "complex", "qint", "quint", "ComplexFloatStorage", "ComplexDoubleStorage",
-                      "QInt", "QUInt", "bits", "int1", "int2", "int3", "int4", "int5", "int6", "int7", "uint1",
-                      "uint2", "uint3", "uint4", "uint5", "uint6", "uint7", "float4", "cfloat", "cdouble", "chalf")
+# torch dtypes fusegrad lacks (float8_e4m3fn, complex64, qint8, bits8, int4, uint3, ...); storages end in "Storage"
+_TORCH_UNSUPPORTED = ("float8", "float4", "complex", "cfloat", "cdouble", "chalf", "qint", "quint", "bits", "int",
+                      "uint")
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -334,7 +332,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
   def find_class(self, module: str, name: str) -> Any:
     if (module, name) in _SAFE_GLOBALS: return _SAFE_GLOBALS[(module, name)]
-    if module == "torch" and any(name.startswith(u) for u in _TORCH_UNSUPPORTED):
+    if module == "torch" and (name.endswith("Storage") or name.startswith(_TORCH_UNSUPPORTED)):
       raise ValueError(f"unsupported tensor type torch.{name}; supported: {', '.join(sorted(set(_TORCH_DTYPES)))}")
     raise UnsafeCheckpointError(f"refusing to load checkpoint: it references {module}.{name} (only tensor storage "
                                 f"and plain containers are allowed; save a model's state_dict(), not the model)")

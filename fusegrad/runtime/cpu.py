@@ -94,4 +94,7 @@ def core_count() -> int:
 
 def make_device() -> Compiled:
   threads = core_count() if openmp_works(config.CC) else 1
+  # OpenMP's own knob (not a fusegrad flag): idle kernel threads sleep instead of spinning, so a busy machine or a
+  # second process doesn't turn every parallel kernel into a spin-wait; an explicit setting by the user wins
+  if threads > 1: os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
   return Compiled("CPU", CPUAllocator(), CRenderer(max_threads=threads), CCompiler(openmp=threads > 1), CPUProgram)

@@ -135,6 +135,8 @@ def test_safetensors_round_trip(tmp_path):
   for name, info in header.items():
     if name != "__metadata__": assert info["data_offsets"][0] % tensors[name].dtype.itemsize == 0, "aligned"
   assert os.listdir(tmp_path) == ["model.safetensors"], "no temporary file left behind"
+  safe_save({"e": Tensor.zeros(0, 2)}, path)   # an empty data section
+  assert safe_load(path)["e"].shape == (0, 2)
 
 
 def test_safetensors_interop_with_reference_package(tmp_path):
