@@ -85,11 +85,15 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
 # ***** losses *****
 
 
-def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
-  if reduction == "mean": return loss.mean()
-  if reduction == "sum": return loss.sum()
-  if reduction == "none": return loss
-  raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+  return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+
+def _reduce_kept(loss: Tensor, keep: Tensor, reduction: str, unbatched: bool) -> Tensor:
+  """Reduce per-target losses where ignored targets (keep = 0) count for nothing, in the mean's divisor too."""
+  loss = loss * keep
+  if reduction == "mean": return loss.sum() / keep.sum()
+  return _reduce(loss[0] if unbatched else loss, reduction)
 
 
 def _check_reduction(reduction: str, op: str) -> None:
@@ -139,10 +143,7 @@ def nll_loss(logprobs: Tensor, target: Tensor, *, reduction: str = "mean", ignor
   _check_reduction(reduction, "nll_loss")
   logprobs, target, unbatched = _batched(logprobs, target)
   _check_class_targets(logprobs, target, ignore_index, "nll_loss")
-  keep = (target != ignore_index).float()
-  loss = -_pick(logprobs, target) * keep
-  if reduction == "mean": return loss.sum() / keep.sum()
-  return _reduce(loss[0] if unbatched else loss, reduction, "nll_loss")
+  return _reduce_kept(-_pick(logprobs, target), (target != ignore_index).float(), reduction, unbatched)
 
 
 def cross_entropy(logits: Tensor, target: Tensor, *, reduction: str = "mean", label_smoothing: float = 0.0,
@@ -159,13 +160,10 @@ def cross_entropy(logits: Tensor, target: Tensor, *, reduction: str = "mean", la
   if dtypes.is_float(target.dtype):
     _check_same_shape(logits, target, "cross_entropy (probability targets)")
     loss = -(logprobs * (target * (1 - label_smoothing) + label_smoothing / num_classes)).sum(axis=1)
-    return _reduce(loss[0] if unbatched else loss, reduction, "cross_entropy")
+    return _reduce(loss[0] if unbatched else loss, reduction)
   _check_class_targets(logits, target, ignore_index, "cross_entropy")
-  keep = (target != ignore_index).float()
   smoothed = (1 - label_smoothing) * _pick(logprobs, target) + label_smoothing / num_classes * logprobs.sum(axis=1)
-  loss = -smoothed * keep
-  if reduction == "mean": return loss.sum() / keep.sum()
-  return _reduce(loss[0] if unbatched else loss, reduction, "cross_entropy")
+  return _reduce_kept(-smoothed, (target != ignore_index).float(), reduction, unbatched)
 
 
 def sparse_categorical_crossentropy(logits: Tensor, target: Tensor, *, reduction: str = "mean",
@@ -183,7 +181,7 @@ def binary_cross_entropy(probs: Tensor, target: Tensor, *, reduction: str = "mea
   _check_same_shape(probs, target, "binary_cross_entropy")
   target = target.cast(probs.dtype)
   loss = -(target * probs.log().maximum(-100) + (1 - target) * (1 - probs).log().maximum(-100))
-  return _reduce(loss, reduction, "binary_cross_entropy")
+  return _reduce(loss, reduction)
 
 
 def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, *, reduction: str = "mean",
@@ -194,18 +192,18 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, *, reductio
   _check_same_shape(logits, target, "binary_cross_entropy_with_logits")
   target = target.cast(logits.dtype)
   weight = 1 + (pos_weight - 1) * target if pos_weight is not None else 1
-  return _reduce((1 - target) * logits + weight * (-logits).softplus(), reduction, "binary_cross_entropy_with_logits")
+  return _reduce((1 - target) * logits + weight * (-logits).softplus(), reduction)
 
 
 def mse_loss(x: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
   """(x - target)^2."""
   _check_reduction(reduction, "mse_loss")
   _check_same_shape(x, target, "mse_loss")
-  return _reduce((x - target).square(), reduction, "mse_loss")
+  return _reduce((x - target).square(), reduction)
 
 
 def l1_loss(x: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
   """|x - target|."""
   _check_reduction(reduction, "l1_loss")
   _check_same_shape(x, target, "l1_loss")
-  return _reduce((x - target).abs(), reduction, "l1_loss")
+  return _reduce((x - target).abs(), reduction)

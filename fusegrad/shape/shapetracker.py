@@ -74,7 +74,7 @@ class ShapeTracker:
 
   def __add__(self, st: ShapeTracker) -> ShapeTracker:
     """`st` applied on top of this tracker: st's first View addresses this tracker's elements in C order."""
-    return functools.reduce(lambda acc, v: ShapeTracker(acc.views + (v,)).simplify(), st.views, self)
+    return _compose(self, st)
 
   # ***** index expressions *****
 
@@ -96,6 +96,9 @@ class ShapeTracker:
   def real_strides(self, ignore_valid: bool = False) -> tuple[sint | None, ...]:
     """Per axis, the stride of the buffer index along it, or None where the index is not affine in that axis
     (or, unless ignore_valid, where the axis decides validity)."""
+    return _real_strides(self, ignore_valid)
+
+  def _real_strides(self, ignore_valid: bool) -> tuple[sint | None, ...]:
     idxs = self.default_idxs()
     index, valid = self.expr_idxs(idxs)
     strides, _ = linear_form(index, idxs)
@@ -128,3 +131,14 @@ class ShapeTracker:
   def var_vals(self) -> dict[UOp, int]:
     """Each bound variable's value."""
     return self.unbind()[1]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _compose(base: ShapeTracker, top: ShapeTracker) -> ShapeTracker:
+  # the scheduler composes the same view pairs over and over (every step of a training loop): remember them
+  return functools.reduce(lambda acc, v: ShapeTracker(acc.views + (v,)).simplify(), top.views, base)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _real_strides(st: ShapeTracker, ignore_valid: bool) -> tuple:
+  return st._real_strides(ignore_valid)

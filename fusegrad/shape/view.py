@@ -399,6 +399,9 @@ class View:
     return View.create(shape, strides, offset, mask)
 
   def reshape(self, new_shape: Sequence[sint]) -> View | None:
+    return _reshape_view(self, tuple(new_shape))
+
+  def _reshape(self, new_shape: Sequence[sint]) -> View | None:
     """The same elements in C order under a new shape, or None when no single View can address them so."""
     new_shape = _check_shape("reshape", new_shape)
     if not same_size(self.shape, new_shape):
@@ -465,6 +468,9 @@ class View:
   def __add__(self, vm1: View) -> View | None:
     """One View addressing what `vm1` stacked on this (older, inner) view addresses, or None if there is none."""
     if not isinstance(vm1, View): return NotImplemented
+    return _merge_views(self, vm1)
+
+  def _merge(self, vm1: View) -> View | None:
     if vm1.reads_nothing() or self.contiguous: return vm1
     if self.reads_nothing(): return View.create(vm1.shape, mask=((0, 0),) * vm1.ndim) if vm1.ndim else None
     if vm1.contiguous and same_size(self.shape, vm1.shape):
@@ -508,6 +514,16 @@ class View:
     mask = None if self.mask is None else tuple((sub(lo), sub(hi)) for lo, hi in self.mask)
     return View(tuple(map(sub, self.shape)), tuple(map(sub, self.strides)), sub(self.offset), mask,
                 self.contiguous), values
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _reshape_view(view: View, new_shape: tuple) -> View | None: return view._reshape(new_shape)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _merge_views(inner: View, outer: View) -> View | None:
+  # merging is a pure function of the two views and the same pairs recur every training step: remember them
+  return inner._merge(outer)
 
 
 def _is_int(x: sint, value: int) -> bool: return isinstance(x, int) and x == value

@@ -68,15 +68,39 @@ def test_lr_changes_between_steps():
   run_both(lambda ps: optim.AdamW(ps), lambda ps: torch.optim.AdamW(ps), lr_schedule=schedule)
 
 
-def test_params_without_grad_are_skipped():
-  a, b = Tensor([1.0, 2.0], requires_grad=True), Tensor([3.0, 4.0], requires_grad=True)
-  opt = optim.Adam([a, b], lr=0.1)
-  a.grad = Tensor([1.0, -1.0])
-  opt.step()
-  np.testing.assert_allclose(a.numpy(), [0.9, 2.1], rtol=1e-6)
-  np.testing.assert_array_equal(b.numpy(), [3.0, 4.0])
+SKIP_CASES = [(lambda ps: optim.Adam(ps, lr=0.1), lambda ps: torch.optim.Adam(ps, lr=0.1)),
+              (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))]
+
+
+@pytest.mark.parametrize("make_ours,make_theirs", SKIP_CASES, ids=["adam", "sgd"])
+def test_params_without_grad_are_skipped(make_ours, make_theirs):
+  """A parameter without a gradient is left alone, and (as torch) its step count doesn't advance."""
+  ours = [Tensor([1.0, 2.0], requires_grad=True), Tensor([3.0, 4.0], requires_grad=True)]
+  theirs = [torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([3.0, 4.0], requires_grad=True)]
+  opt, torch_opt = make_ours(ours), make_theirs(theirs)
+  for step in range(3):
+    for p, q, g in zip(ours, theirs, ([1.0, -1.0], [0.5, -2.0] if step else None)):
+      p.grad, q.grad = (None, None) if g is None else (Tensor(g), torch.tensor(g))
+    opt.step()
+    torch_opt.step()
+    if step == 0: np.testing.assert_array_equal(ours[1].numpy(), [3.0, 4.0])
+    for p, q in zip(ours, theirs): np.testing.assert_allclose(p.numpy(), q.detach().numpy(), rtol=1e-6)
   opt.zero_grad()
-  assert a.grad is None and b.grad is None
+  assert all(p.grad is None for p in ours)
+
+
+def test_params_on_several_devices():
+  """Each device gets its own copy of the per-step values; one step updates parameters on CPU and PYTHON."""
+  ours = [Tensor([1.0, 2.0], device="PYTHON", requires_grad=True), Tensor([3.0, 4.0], device="CPU", requires_grad=True)]
+  theirs = [torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([3.0, 4.0], requires_grad=True)]
+  opt, torch_opt = optim.Adam(ours, lr=0.1), torch.optim.Adam(theirs, lr=0.1)
+  for step in range(2):
+    for p, q, g in zip(ours, theirs, ([1.0, -1.0], [0.5, 2.0 * step])):
+      p.grad, q.grad = Tensor(g, device=p.device), torch.tensor(g)
+    opt.step()
+    torch_opt.step()
+  for p, q in zip(ours, theirs): np.testing.assert_allclose(p.numpy(), q.detach().numpy(), rtol=1e-6)
+  assert [p.device for p in ours] == ["PYTHON", "CPU"]
 
 
 class TinyNet:
@@ -164,7 +188,8 @@ def test_optimizer_errors():
   with pytest.raises(ValueError, match=r"betas must be in \[0, 1\)"): optim.Adam([p], betas=(0.9, 1.0))
   with pytest.raises(ValueError, match="no tensors that require grad"): optim.SGD([Tensor([1.0], requires_grad=False)])
   with pytest.raises(TypeError, match="params must be Tensors"): optim.SGD([np.ones(2)])
-  q = Tensor([2.0])
-  assert q.requires_grad is None
-  optim.SGD([q])
+  q, index = Tensor([2.0]), Tensor([1, 2])
+  assert q.requires_grad is None and index.requires_grad is None
+  opt = optim.SGD([q, index])
   assert q.requires_grad is True, "an unset requires_grad is switched on"
+  assert len(opt.params) == len(opt.buffers) == 1 and opt.params[0] is q and opt.buffers[0] is index, "ints: buffers"

@@ -110,11 +110,14 @@ ALL_DTYPES = [dtypes.float64, dtypes.float32, dtypes.float16, dtypes.bfloat16, d
 
 
 def sample_tensors() -> dict[str, Tensor]:
+  """One tensor of every dtype, plus a 0-d, an empty and a non-contiguous one."""
   rng = np.random.default_rng(0)
-  out = {f"t.{dt.name}": Tensor(rng.integers(0, 100, (3, 5)) / 4 if dt is not dtypes.bool else rng.random((3, 5)) < 0.5,
-                                dtype=dt) for dt in ALL_DTYPES}
-  out.update({"scalar": Tensor(7.5), "empty": Tensor.zeros(0, 4, dtype=dtypes.int16), "view": Tensor.arange(12).
-              reshape(3, 4).T[1:]})
+  out = {}
+  for dt in ALL_DTYPES:
+    values = rng.random((3, 5)) < 0.5 if dt is dtypes.bool else rng.integers(0, 100, (3, 5)) / 4
+    out[f"t.{dt.name}"] = Tensor(values, dtype=dt)
+  out["scalar"], out["empty"] = Tensor(7.5), Tensor.zeros(0, 4, dtype=dtypes.int16)
+  out["view"] = Tensor.arange(12).reshape(3, 4).T[1:]
   return out
 
 
@@ -141,7 +144,7 @@ def test_safetensors_round_trip(tmp_path):
 
 def test_safetensors_interop_with_reference_package(tmp_path):
   st = pytest.importorskip("safetensors.torch")
-  tensors = {k: v for k, v in sample_tensors().items()}
+  tensors = sample_tensors()
   safe_save(tensors, tmp_path / "ours.safetensors")
   theirs = st.load_file(tmp_path / "ours.safetensors")
   for k, v in tensors.items():
