@@ -838,6 +838,7 @@ class Tensor:
     return self._reduce(F.Max, "max", axis, keepdim)
 
   def min(self, axis: Any = None, keepdim: bool = False, *, dim: Any = None) -> Tensor:
+    self._axes("min", dim if dim is not None else axis)
     return self._order_flip().max(axis, keepdim, dim=dim)._order_flip()
 
   amax, amin = max, min
@@ -847,6 +848,7 @@ class Tensor:
   def mean(self, axis: Any = None, keepdim: bool = False, *, dim: Any = None) -> Tensor:
     """Mean over axis. Integer and bool tensors are promoted to float32 first (torch would raise)."""
     axis = dim if dim is not None else axis
+    self._axes("mean", axis)
     x = self._float()
     acc = dtypes.float32 if x.dtype in HALF_FLOATS else x.dtype
     return (x.sum(axis, keepdim, dtype=acc) / self._count("mean", axis)).cast(x.dtype)
@@ -856,6 +858,7 @@ class Tensor:
     """Variance with Bessel's correction by default (divides by N - correction, as torch)."""
     axis = dim if dim is not None else axis
     correction = correction if unbiased is None else int(unbiased)
+    self._axes("var", axis)
     x = self._float()
     sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
     return sq / max(0, self._count("var", axis) - correction)
@@ -901,10 +904,12 @@ class Tensor:
     return (n - first).reshape(()) if self.ndim == 0 else n - first
 
   def argmin(self, axis: int | None = None, keepdim: bool = False, *, dim: int | None = None) -> Tensor:
+    self._axes("argmin", dim if dim is not None else axis)
     return self._order_flip().argmax(axis, keepdim, dim=dim)
 
   def logsumexp(self, axis: Any = None, keepdim: bool = False, *, dim: Any = None) -> Tensor:
     axis = dim if dim is not None else axis
+    self._axes("logsumexp", axis)
     x = self._float()
     m = x.max(axis, keepdim=True)
     m = (m.abs() == math.inf).where(0.0, m).detach()
@@ -913,12 +918,14 @@ class Tensor:
 
   def softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
     axis = dim if dim is not None else axis
+    self._axes("softmax", axis)
     x = self._float()
     e = (x - x.max(axis, keepdim=True).detach()).exp()
     return e / e.sum(axis, keepdim=True)
 
   def log_softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
     axis = dim if dim is not None else axis
+    self._axes("log_softmax", axis)
     x = self._float()
     shifted = x - x.max(axis, keepdim=True).detach()
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
@@ -1211,9 +1218,7 @@ class Tensor:
     """Numpy advanced indexing by one-hot: the index tensors broadcast to B; result[b..., rest...] is the sum over
     the indexed dims of x where every index equals its position. B goes where the indexed dims were when they
     are adjacent, else in front."""
-    for _, idx in adv:
-      if idx.device != self.device:
-        raise ValueError(f"getitem: index tensor is on {idx.device} but the tensor is on {self.device}")
+    adv = [(d, idx.to(self.device)) for d, idx in adv]   # as torch, index tensors may live on another device
     dims = [d for d, _ in adv]
     bshape = _broadcast_shape("getitem", *[idx.shape for _, idx in adv])
     rest = [d for d in range(self.ndim) if d not in dims]
@@ -1266,6 +1271,7 @@ class Tensor:
       raise ValueError(f"matmul: {_fmt(a.shape)} @ {_fmt(b.shape)}: inner dims {k_a} and {k_b} differ")
     a2 = a.reshape(1, k_a) if a.ndim == 1 else a
     b2 = b.reshape(k_b, 1) if b.ndim == 1 else b
+    _broadcast_shape("matmul", a2.shape[:-2], b2.shape[:-2])
     n, m = a2.shape[-2], b2.shape[-1]
     out_dt = least_upper_dtype(a.dtype, b.dtype)
     prod_ = a2.reshape(*a2.shape[:-2], n, 1, k_a) * b2.transpose(-1, -2).reshape(*b2.shape[:-2], 1, m, k_b)

@@ -146,13 +146,15 @@ def test_realize_returns_self_and_keeps_values(device):
 
 def test_realize_several_in_one_schedule(device):
   x = Tensor(np.arange(6, dtype=np.float32), device=device)
-  shared = (x * 2).contiguous()
-  a, b = shared + 1, shared * shared
+  total = x.sum()
+  a, b = x - total, x * total
   GlobalCounters.reset()
   a.realize(b)
-  assert GlobalCounters.kernel_count == 3   # shared once, a, b
-  assert a.tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0] and b.tolist()[-1] == 100.0
+  assert GlobalCounters.kernel_count == 3   # the shared sum once, then a and b
+  assert a.lazydata.realized is not None and b.lazydata.realized is not None
+  assert a.tolist() == [-15.0, -14.0, -13.0, -12.0, -11.0, -10.0] and b.tolist()[-1] == 75.0
   Tensor.realize_all(a, b)
+  assert GlobalCounters.kernel_count == 3
 
 
 def test_numpy_of_views_and_constants(device):
