@@ -52,13 +52,14 @@ def train(device: str, epochs: int, seed: int, batch: int = 64) -> dict:
   Tensor.manual_seed(seed)
   x_train, y_train, x_test, y_test = load_split(seed)
   model = DigitNet()
-  opt = nn.optim.Adam(get_parameters(model), lr=3e-3)
+  opt = nn.optim.Adam(get_parameters(model), lr=1e-2)
   rng = np.random.default_rng(seed + 1)
   GlobalCounters.reset()
   start = time.perf_counter()
   steps = epochs * (len(x_train) // batch)
   with Tensor.train(), tqdm(total=steps, unit="step", desc="training") as bar:
     for epoch in range(epochs):
+      opt.lr = 1e-2 * 0.5 ** (3 * epoch // epochs)   # halve the step size twice over the run
       order = rng.permutation(len(x_train))
       for i in range(0, len(order) - batch + 1, batch):
         idx = order[i:i + batch]

@@ -60,7 +60,8 @@ def _axis(op: str, axis: Any, ndim: int) -> int:
   if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
     raise TypeError(f"{op}: a dim is an int, got {axis!r}")
   n = max(ndim, 1)
-  if not -n <= axis < n: raise ValueError(f"{op}: axis {axis} out of range for a {ndim}-d tensor (valid: {-n}..{n - 1})")
+  if not -n <= axis < n:
+    raise ValueError(f"{op}: axis {axis} out of range for a {ndim}-d tensor (valid: {-n}..{n - 1})")
   return int(axis) % n
 
 
@@ -467,7 +468,8 @@ class Tensor:
   @staticmethod
   def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: Any = None, device: str | None = None,
              requires_grad: bool | None = None) -> Tensor:
-    return Tensor._random("normal", shape, dtype, device, requires_grad, lambda g, s, d: g.normal(mean, std, s).astype(d))
+    return Tensor._random("normal", shape, dtype, device, requires_grad,
+                          lambda g, s, d: g.normal(mean, std, s).astype(d))
 
   @staticmethod
   def randint(*shape: Any, low: int = 0, high: int = 10, dtype: Any = None, device: str | None = None) -> Tensor:
@@ -524,14 +526,16 @@ class Tensor:
   def _float(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
 
   # ***** elementwise: arithmetic *****
-  def add(self, x: TensorOrScalar, reverse: bool = False) -> Tensor: return F.Add.apply(*self._operands("add", x, reverse))
+  def add(self, x: TensorOrScalar, reverse: bool = False) -> Tensor:
+    return F.Add.apply(*self._operands("add", x, reverse))
 
   def sub(self, x: TensorOrScalar, reverse: bool = False) -> Tensor:
     a, b = self._operands("sub", x, reverse)
     if a.dtype is dtypes.bool: raise TypeError("sub: subtracting bool tensors is not supported; use ^ or logical_not")
     return F.Sub.apply(a, b)
 
-  def mul(self, x: TensorOrScalar, reverse: bool = False) -> Tensor: return F.Mul.apply(*self._operands("mul", x, reverse))
+  def mul(self, x: TensorOrScalar, reverse: bool = False) -> Tensor:
+    return F.Mul.apply(*self._operands("mul", x, reverse))
 
   def div(self, x: TensorOrScalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     """True division (ints give float32, as torch); rounding_mode 'floor' or 'trunc' rounds the quotient."""
@@ -914,7 +918,7 @@ class Tensor:
     m = x.max(axis, keepdim=True)
     m = (m.abs() == math.inf).where(0.0, m).detach()
     out = (x - m).exp().sum(axis, keepdim=True).log() + m
-    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in x._axes("logsumexp", axis)))
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in self._axes("", axis)))
 
   def softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
     axis = dim if dim is not None else axis
@@ -1143,7 +1147,8 @@ class Tensor:
 
   def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
     """At most `chunks` pieces of ceil(n / chunks) along dim, as torch.chunk."""
-    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk: chunks must be a positive int, got {chunks}")
+    if not isinstance(chunks, int) or chunks <= 0:
+      raise ValueError(f"chunk: chunks must be a positive int, got {chunks}")
     n = self.shape[_axis("chunk", dim, self.ndim)]
     return self.split(max(1, -(-n // chunks)), dim)
 
@@ -1339,7 +1344,8 @@ class Tensor:
     """torch's conv2d (and conv1d/conv3d: the spatial rank comes from weight): input (N, Cin, *spatial) or
     (Cin, *spatial), weight (Cout, Cin/groups, *kernel). Windows of the padded input are views, so the product
     with the weight, its sum and the bias make one kernel."""
-    if weight.ndim < 3: raise ValueError(f"conv2d: weight of shape {_fmt(weight.shape)} needs (Cout, Cin/groups, *kernel)")
+    if weight.ndim < 3:
+      raise ValueError(f"conv2d: weight of shape {_fmt(weight.shape)} needs (Cout, Cin/groups, *kernel)")
     cout, cin_g, *ks = weight.shape
     n = len(ks)
     if self.ndim == n + 1: return self.unsqueeze(0).conv2d(weight, bias, stride, padding, dilation, groups).squeeze(0)

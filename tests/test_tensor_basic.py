@@ -7,7 +7,6 @@ contract (dtype inference, laziness, one-schedule realize, seeding, tape bookkee
 import math
 
 import numpy as np
-import pytest
 
 from fusegrad import Device, GlobalCounters, Tensor, dtypes
 from fusegrad.engine.schedule import create_schedule
