@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import sys, torch, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/env.txt"
 python3 -m fusegrad doctor | tee -a "$OUT/env.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/env.txt"
-DEV=CUDA timeout 300 python3 -m pytest tests/runtime tests/engine tests/test_ops.py -q -x -p no:cacheprovider \
-  -k "${1:-not PYTHON}" 2>&1 | tee "$OUT/tests.log" | tail -25
+DEV=CUDA timeout 330 python3 -m pytest tests/runtime tests/engine tests/codegen tests/test_ops.py tests/nn -q \
+  -p no:cacheprovider -n 12 -k "${1:-not PYTHON}" 2>&1 | tee "$OUT/tests.log" | tail -25
 timeout 240 python3 -m bench.suite --device CUDA 2>&1 | tee "$OUT/bench.log" | tail -20
 cp bench/results/CUDA-*.json "$OUT/" 2>/dev/null || true

@@ -3,7 +3,7 @@
 The rules, in order: matmul-shaped fp16/bf16 reduces go to tensor cores (with register tiling); split a big reduce across a thread block when the output is small (GROUPTOP, devices with
 thread blocks); upcast axes that some input broadcasts (stride 0: the register tiling of matmul and conv); unroll a
 short or divisible reduce; upcast the output's unit-stride axis by 4 so loads and stores become float4; and on
-devices with thread blocks, give each block up to 128 threads along the global axes.
+devices with thread blocks, give each block up to 256 threads along the global axes.
 """
 from __future__ import annotations
 from fusegrad.helpers import prod
@@ -104,12 +104,13 @@ def _upcast_output(k: Kernel) -> None:
 
 
 def _add_locals(k: Kernel) -> None:
-  """Threads per block along the global axes, innermost first, up to 128 in total."""
-  budget = 128 // max(1, prod(_int(s) or 1 for s in k.full_shape[k.global_dims:k.first_reduce + k.group_for_reduces]))
+  """Threads per block along the global axes, innermost first, up to 256 in total (enough warps per block that
+  the multiprocessors stay full without hitting the per-SM block limit)."""
+  budget = 256 // max(1, prod(_int(s) or 1 for s in k.full_shape[k.global_dims:k.first_reduce + k.group_for_reduces]))
   for axis in range(k.global_dims - 1, -1, -1):
     size = _int(k.full_shape[axis])
     if size is None: continue
-    for amount in (32, 16, 8, 4, 2):
+    for amount in (256, 128, 64, 32, 16, 8, 4, 2):
       if amount <= budget and size % amount == 0 and size > amount and _try(k, Opt(OptOps.LOCAL, axis, amount)):
         budget //= amount
         break
