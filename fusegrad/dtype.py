@@ -170,6 +170,9 @@ def to_dtype(x) -> DType:
     alias = getattr(dtypes, x, None)
     if isinstance(alias, DType) and alias.count == 1 and alias is not dtypes.void: return alias
     raise TypeError(f"dtype: unknown dtype {x!r}; valid: {', '.join(d.name for d in SCALAR_DTYPES)}")
+  # numpy would read None as float64 and fail on other objects with its own message
+  if not isinstance(x, (np.dtype, type)):
+    raise TypeError(f"dtype: can't make a dtype from {x!r}; give a DType, a dtype name or a numpy dtype")
   return dtypes.from_numpy(x)
 
 
@@ -226,6 +229,7 @@ def truncate(value, dt: DType):
 
 def _round_bf16(x: float) -> float:
   if math.isnan(x) or math.isinf(x): return x
-  bits = int(np.array(x, dtype=np.float32).view(np.uint32))
+  with np.errstate(over="ignore"):   # beyond float32's range: inf, which the rounding below keeps
+    bits = int(np.array(x, dtype=np.float32).view(np.uint32))
   bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
   return float(np.array(bits, dtype=np.uint32).view(np.float32))

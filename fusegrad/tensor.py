@@ -192,6 +192,7 @@ class Tensor:
     return f"<Tensor{data} shape={self.shape} device={self.device} dtype={self.dtype.name}{grad}>"
 
   __hash__ = object.__hash__   # __eq__ builds a tensor, so hash (and dict keys) go by identity
+  __array_ufunc__ = None       # numpy scalars and arrays defer to Tensor's reflected operators
 
   # ***** running the graph *****
   def realize(self, *others: Tensor) -> Tensor:

@@ -256,7 +256,8 @@ def test_evaluate_bound_variable() -> None:
 
 def test_evaluate_errors() -> None:
   with pytest.raises(KeyError, match="no value given for b"): (a + b).evaluate({"a": 1})
-  with pytest.raises(TypeError, match="can't evaluate Ops.DEFINE_GLOBAL"): UOp(Ops.LOAD, dtypes.float32, (buf, gidx)).evaluate()
+  with pytest.raises(TypeError, match="can't evaluate Ops.DEFINE_GLOBAL"):
+    UOp(Ops.LOAD, dtypes.float32, (buf, gidx)).evaluate()
 
 
 def test_substitute() -> None:

@@ -106,11 +106,14 @@ def _upcast_output(k: Kernel) -> None:
 def _add_locals(k: Kernel) -> None:
   """Threads per block along the global axes, innermost first, up to 256 in total (enough warps per block that
   the multiprocessors stay full without hitting the per-SM block limit)."""
-  budget = 256 // max(1, prod(_int(s) or 1 for s in k.full_shape[k.global_dims:k.first_reduce + k.group_for_reduces]))
+  # reduce kernels (matmul, conv) want a 2-d block tile, so that neighbouring threads share the rows and columns
+  # they load; elementwise kernels want long rows of threads
+  total, widest = (128, 32) if k.reduceop is not None else (256, 256)
+  budget = total // max(1, prod(_int(s) or 1 for s in k.full_shape[k.global_dims:k.first_reduce + k.group_for_reduces]))
   for axis in range(k.global_dims - 1, -1, -1):
     size = _int(k.full_shape[axis])
     if size is None: continue
-    for amount in (256, 128, 64, 32, 16, 8, 4, 2):
+    for amount in (a for a in (256, 128, 64, 32, 16, 8, 4, 2) if a <= widest):
       if amount <= budget and size % amount == 0 and size > amount and _try(k, Opt(OptOps.LOCAL, axis, amount)):
         budget //= amount
         break
