@@ -3,7 +3,7 @@
 Every op checks its input at this boundary and raises a ValueError/IndexError/TypeError that names the op, the shapes
 and dtypes, and what would be valid; then it composes autograd primitives (autograd.py), so nothing runs until
 `realize()`/`numpy()`/`item()`/`tolist()`, elementwise chains fuse into their reduce, and every op is differentiable.
-Dtype promotion follows torch (docs in `_operands`): Python scalars are weak, tensor pairs use `least_upper_dtype`.
+Dtype promotion follows torch (see `_operands`): Python scalars are weak, 0-d tensors count only by category.
 """
 from __future__ import annotations
 import math
@@ -85,6 +85,19 @@ def _weak_dtype(dt: DType, x: Scalar) -> DType:
   if isinstance(x, bool): return dt
   if isinstance(x, int): return dtypes.default_int if dt is dtypes.bool else dt
   return dt if dtypes.is_float(dt) else dtypes.default_float
+
+
+def _combine_categories(higher: DType, lower: DType) -> DType:
+  """torch's rule for a dimensioned operand (higher) with a 0-d one (lower): the 0-d dtype only counts when it is
+  of a higher category."""
+  if dtypes.is_float(higher): return higher
+  if higher is dtypes.bool or dtypes.is_float(lower): return least_upper_dtype(higher, lower)
+  return higher
+
+
+def _tensor_pair_dtype(a: Tensor, b: Tensor) -> DType:
+  if (a.ndim == 0) == (b.ndim == 0): return least_upper_dtype(a.dtype, b.dtype)
+  return _combine_categories(a.dtype, b.dtype) if b.ndim == 0 else _combine_categories(b.dtype, a.dtype)
 
 
 def _np_dtype(dt: DType) -> np.dtype: return dt.np if dt.np is not None else np.dtype(np.float32)
@@ -400,31 +413,25 @@ class Tensor:
     ones = Tensor.full((n, 1), 1, dt, device)
     return ones.pad(((0, 0), (0, m))).reshape(n * (m + 1)).shrink(((0, n * m),)).reshape(n, m)
 
-  @staticmethod
-  def _like(t: Tensor, dtype: Any, device: str | None) -> tuple[DType, str]:
-    return _dtype_arg("like", dtype) or t.dtype, device or t.device
+  # the *_like constructors work as `Tensor.zeros_like(t)` (torch) and as `t.zeros_like()` (tinygrad)
+  def _like(self, dtype: Any, device: str | None) -> tuple[DType, str]:
+    return _dtype_arg("like", dtype) or self.dtype, device or self.device
 
-  @staticmethod
-  def full_like(t: Tensor, fill_value: Scalar, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
-    return Tensor.full(t.shape, fill_value, *Tensor._like(t, dtype, device), **kw)
-  @staticmethod
-  def zeros_like(t: Tensor, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
-    return Tensor.full(t.shape, 0, *Tensor._like(t, dtype, device), **kw)
-  @staticmethod
-  def ones_like(t: Tensor, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
-    return Tensor.full(t.shape, 1, *Tensor._like(t, dtype, device), **kw)
-  @staticmethod
-  def empty_like(t: Tensor, dtype: Any = None, device: str | None = None) -> Tensor:
-    dt, dev = Tensor._like(t, dtype, device)
-    return Tensor.empty(*t.shape, dtype=dt, device=dev)
-  @staticmethod
-  def rand_like(t: Tensor, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
-    dt, dev = Tensor._like(t, dtype, device)
-    return Tensor.rand(*t.shape, dtype=dt, device=dev, **kw)
-  @staticmethod
-  def randn_like(t: Tensor, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
-    dt, dev = Tensor._like(t, dtype, device)
-    return Tensor.randn(*t.shape, dtype=dt, device=dev, **kw)
+  def full_like(self, fill_value: Scalar, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
+    return Tensor.full(self.shape, fill_value, *self._like(dtype, device), **kw)
+  def zeros_like(self, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
+    return Tensor.full(self.shape, 0, *self._like(dtype, device), **kw)
+  def ones_like(self, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
+    return Tensor.full(self.shape, 1, *self._like(dtype, device), **kw)
+  def empty_like(self, dtype: Any = None, device: str | None = None) -> Tensor:
+    dt, dev = self._like(dtype, device)
+    return Tensor.empty(*self.shape, dtype=dt, device=dev)
+  def rand_like(self, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
+    dt, dev = self._like(dtype, device)
+    return Tensor.rand(*self.shape, dtype=dt, device=dev, **kw)
+  def randn_like(self, dtype: Any = None, device: str | None = None, **kw: Any) -> Tensor:
+    dt, dev = self._like(dtype, device)
+    return Tensor.randn(*self.shape, dtype=dt, device=dev, **kw)
 
   # ***** random *****
   @staticmethod
@@ -509,7 +516,7 @@ class Tensor:
     if isinstance(x, Tensor):
       if x.device != self.device:
         raise ValueError(f"{op}: tensors are on different devices, {self.device} and {x.device}; move one with .to()")
-      return x, least_upper_dtype(self.dtype, x.dtype)
+      return x, _tensor_pair_dtype(self, x)
     if isinstance(x, (bool, int, float)):
       dt = _weak_dtype(self.dtype, x)
       return self._scalar(x, dt), dt
@@ -517,8 +524,9 @@ class Tensor:
 
   def _operands(self, op: str, x: TensorOrScalar, reverse: bool = False) -> tuple[Tensor, Tensor]:
     """Both operands of a binary op, promoted to one dtype and broadcast to one shape. Promotion as torch: two
-    tensors meet at least_upper_dtype; a Python scalar is weak (a float with an int/bool tensor gives float32,
-    an int with a bool tensor gives int64, otherwise the tensor's dtype wins)."""
+    tensors meet at least_upper_dtype, except that a 0-d tensor with a dimensioned one only raises the category
+    (bool < int < float); a Python scalar is weak (a float with an int/bool tensor gives float32, an int with a bool
+    tensor gives int64, otherwise the tensor's dtype wins)."""
     y, dt = self._to_tensor(op, x)
     a, b = (y, self) if reverse else (self, y)
     shape = _broadcast_shape(op, a.shape, b.shape)

@@ -15,6 +15,16 @@ from helpers import ANY, GRID, INTS, NONZERO, POS, Domain, assert_same, check_op
 
 NONZERO_INTS = Domain(-9, 9, nonzero=True)
 
+# Known fusegrad bugs. Each xfail is strict, so a fix shows up as XPASS and the mark must go.
+INT_ADD_HANGS = ("hangs: adding or subtracting two integer tensors loops forever in linearize's graph_rewrite "
+                 "(symbolic.canonical_sum rewrites ADD(LOAD, LOAD) to an equal-looking ADD(LOAD, LOAD) again); "
+                 "repro: (Tensor([1, 2], dtype='int32') + Tensor([3, 4], dtype='int32')).numpy()")
+
+
+def hangs(reason: str) -> list:
+  """Marks for a test that hangs on a known bug: a short time limit, then a strict xfail on the TimeoutError."""
+  return [pytest.mark.time_limit(3), pytest.mark.xfail(reason=reason, raises=TimeoutError, strict=True)]
+
 
 def op(name: str, torch_fn, fg_fn=None, domain=ANY, atol: float = 1e-5, rtol: float = 1e-5, marks=()):
   """A pytest.param of one op: torch function, fusegrad function (None: the same), input domain and tolerance."""
@@ -235,8 +245,8 @@ def test_pow_edge_values(device):
 
 
 INT_BINARY_OPS = [
-  op("add", lambda x, y: x + y),
-  op("sub", lambda x, y: x - y),
+  op("add", lambda x, y: x + y, marks=hangs(INT_ADD_HANGS)),
+  op("sub", lambda x, y: x - y, marks=hangs(INT_ADD_HANGS)),
   op("mul", lambda x, y: x * y),
   op("div", lambda x, y: x / y, domain=[INTS, NONZERO_INTS]),
   op("floordiv", lambda x, y: x // y, domain=[INTS, NONZERO_INTS]),
@@ -254,6 +264,20 @@ INT_BINARY_OPS = [
   op("or", lambda x, y: x | y),
   op("xor", lambda x, y: x ^ y),
 ]
+
+
+@pytest.mark.parametrize("dtype, domain", [("uint8", Domain(0, 15)), ("int8", INTS), ("int16", Domain(-200, 200))])
+@pytest.mark.parametrize("torch_fn, fg_fn", [
+  pytest.param(lambda x, y: x * y, None, id="mul"),
+  pytest.param(torch.maximum, lambda x, y: x.maximum(y), id="maximum"),
+  pytest.param(lambda x, y: x < y, None, id="lt"),
+  pytest.param(lambda x, y: x & y, None, id="and"),
+  pytest.param(lambda x, y: x.sum(0), None, id="sum"),
+  pytest.param(lambda x, y: x.amax(0), lambda x, y: x.max(0), id="max"),
+  pytest.param(lambda x, y: x.float() / 3, None, id="to_float"),
+])
+def test_small_int_dtypes(device, dtype, domain, torch_fn, fg_fn):
+  check_op(device, [(4, 5), (5,)], torch_fn, fg_fn, dtype=dtype, domain=domain)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
@@ -330,9 +354,13 @@ PROMOTION_PAIRS = [("int32", "int64"), ("int32", "float32"), ("bool", "int32"), 
                    ("uint8", "float32"), ("bool", "bool"), ("int64", "float32")]
 
 
-@pytest.mark.parametrize("dtypes_", PROMOTION_PAIRS, ids=str)
-@pytest.mark.parametrize("fn", [pytest.param(lambda x, y: x + y, id="add"), pytest.param(lambda x, y: x * y, id="mul"),
-                                pytest.param(lambda x, y: x < y, id="lt")])
+PROMOTION_OPS = {"add": lambda x, y: x + y, "mul": lambda x, y: x * y, "lt": lambda x, y: x < y}
+PROMOTION_CASES = [pytest.param(pair, PROMOTION_OPS[name], id=f"{name}-{pair[0]}-{pair[1]}",
+                                marks=hangs(INT_ADD_HANGS) if (name, pair) == ("add", ("uint8", "int8")) else ())
+                   for name in PROMOTION_OPS for pair in PROMOTION_PAIRS]
+
+
+@pytest.mark.parametrize("dtypes_, fn", PROMOTION_CASES)
 def test_promotion(device, dtypes_, fn):
   check_op(device, [(4, 5), (5,)], fn, dtype=dtypes_, domain=Domain(-5, 5, discrete=True), atol=1e-2, rtol=1e-3)
 
@@ -348,8 +376,6 @@ def test_promotion(device, dtypes_, fn):
   pytest.param("int32", lambda x: x // 2, id="int32//int"),
   pytest.param("int32", lambda x: x < 2.5, id="int32<float"),
   pytest.param("int32", lambda x: x == 2.0, id="int32==float"),
-  pytest.param("int32", lambda x: x.maximum(torch.tensor(1.5) if isinstance(x, torch.Tensor) else Tensor(1.5)),
-               id="int32.maximum(float)"),
   pytest.param("bool", lambda x: x + 1, id="bool+int"),
   pytest.param("bool", lambda x: x + 1.5, id="bool+float"),
   pytest.param("bool", lambda x: x + True, id="bool+bool"),
@@ -363,8 +389,21 @@ def test_weak_python_scalars(device, dtype, fn):
   check_op(device, [(3, 4)], fn, dtype=dtype, domain=Domain(0, 5), atol=1e-2, rtol=1e-3)
 
 
-@pytest.mark.parametrize("dtypes_", [("int32", "int64"), ("float32", "float64"), ("int32", "float64"),
-                                     ("float16", "float32")], ids=str)
+ZERO_D_PROMOTION = pytest.mark.xfail(strict=True, reason="a 0-d tensor operand widens the result within its category "
+                                     "(torch keeps the dimensioned operand's dtype); repro: (Tensor([1, 2], "
+                                     "dtype='int32') + Tensor(1, dtype='int64')).dtype is int64, torch gives int32")
+
+
+def test_maximum_minimum_python_scalar(device):
+  check_op(device, [(3, 4)], lambda x: torch.maximum(x, torch.tensor(1.5)), lambda x: x.maximum(1.5), dtype="int32",
+           domain=INTS)
+  check_op(device, [(3, 4)], lambda x: torch.minimum(x, torch.tensor(0.5)), lambda x: x.minimum(0.5))
+
+
+@pytest.mark.parametrize("dtypes_", [pytest.param(("int32", "int64"), marks=ZERO_D_PROMOTION),
+                                     pytest.param(("float32", "float64"), marks=ZERO_D_PROMOTION),
+                                     ("int32", "float64"), ("bool", "int32"),
+                                     pytest.param(("float16", "float32"), marks=ZERO_D_PROMOTION)], ids=str)
 def test_promotion_0d_tensor(device, dtypes_):
   """torch: a 0-d tensor only raises the result's category, not its width within a category."""
   check_op(device, [(3, 4), ()], lambda x, y: x + y, dtype=dtypes_, domain=Domain(0, 5), atol=1e-2, rtol=1e-3)
@@ -621,7 +660,7 @@ def test_movement_int_bool(device, dtype):
 
 
 def fg_cat(*tensors, dim=0): return tensors[0].cat(*tensors[1:], dim=dim)
-def fg_stack(*tensors, dim=0): return Tensor.stack(*tensors, dim=dim)
+def fg_stack(*tensors, dim=0): return tensors[0].stack(*tensors[1:], dim=dim)
 
 
 @pytest.mark.parametrize("shapes, dim", [(((2, 3), (4, 3)), 0), (((2, 3), (2, 5)), 1), (((2, 3), (2, 5), (2, 1)), -1),
@@ -635,6 +674,18 @@ def test_cat(device, shapes, dim):
                                          (((),) * 3, 0), (((3, 1, 4),) * 2, 1)], ids=str)
 def test_stack(device, shapes, dim):
   check_op(device, list(shapes), lambda *ts: torch.stack(ts, dim), lambda *ts: fg_stack(*ts, dim=dim))
+
+
+def test_cat_stack_list_form(device):
+  check_op(device, [(2, 3), (2, 4)], lambda x, y: torch.cat([x, y], dim=1), lambda x, y: Tensor.cat([x, y], dim=1))
+  check_op(device, [(2, 3), (2, 3)], lambda x, y: torch.stack([x, y], dim=1), lambda x, y: Tensor.stack([x, y], dim=1))
+  check_op(device, [(2, 3), (2, 3)], lambda x, y: torch.stack([x, y]), lambda x, y: Tensor.stack([x, y]))
+
+
+@pytest.mark.parametrize("dtypes_", [("int32", "float32"), ("bool", "int32")], ids=str)
+def test_cat_mixed_dtypes(device, dtypes_):
+  check_op(device, [(2, 3), (1, 3)], lambda x, y: torch.cat([x, y]), lambda x, y: Tensor.cat([x, y]), dtype=dtypes_,
+           domain=INTS)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -781,6 +832,55 @@ def test_pool2d(device, name, x_shape, kernel_size, stride, padding):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Larger inputs, which take other kernel optimizations (upcasts, unrolls, threads, grouped reductions) on the compiled
+# backend; the PYTHON interpreter gets the small variant of each
+
+def sized(device: str, big, small): return small if device == "PYTHON" else big
+
+
+def test_large_elementwise(device):
+  shape = sized(device, (256, 257), (16, 17))
+  check_op(device, [shape, shape[-1:]], lambda x, y: (x * y).exp() + x.sigmoid() - y / 3, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_large_reduce(device, axis):
+  shape = sized(device, (256, 513), (31, 33))
+  check_op(device, [shape], lambda x: x.sum(axis), atol=1e-3, rtol=1e-4)
+  check_op(device, [shape], lambda x: x.amax(() if axis is None else axis), lambda x: x.max(axis))
+  check_op(device, [shape], lambda x: x.mean(axis), atol=1e-5, rtol=1e-4)
+
+
+def test_large_reduce_int(device):
+  check_op(device, [sized(device, (300, 301), (30, 31))], lambda x: x.sum(), dtype="int32", domain=Domain(-1000, 1000))
+
+
+@pytest.mark.parametrize("shapes", [((64, 96), (96, 80)), ((128, 128), (128, 128)), ((3, 33, 65), (3, 65, 17))],
+                         ids=str)
+def test_large_matmul(device, shapes):
+  shapes = sized(device, shapes, tuple(tuple(min(d, 24) for d in s) for s in shapes))
+  check_op(device, list(shapes), lambda x, y: x @ y, atol=1e-4, rtol=1e-4)
+
+
+def test_large_conv2d(device):
+  x_shape = sized(device, (2, 8, 20, 20), (1, 4, 8, 8))
+  w_shape = sized(device, (16, 8, 3, 3), (4, 4, 3, 3))
+  check_op(device, [x_shape, w_shape, w_shape[:1]], lambda x, w, b: F.conv2d(x, w, b, padding=1),
+           lambda x, w, b: x.conv2d(w, b, padding=1), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 1000])
+def test_long_cumsum(device, n):
+  check_op(device, [(n,)], lambda x: x.cumsum(0), atol=1e-4, rtol=1e-5)
+  check_op(device, [(3, n)], lambda x: x.cumsum(1), dtype="int32", domain=INTS)
+
+
+def test_large_softmax(device):
+  check_op(device, [sized(device, (64, 1000), (8, 100))], lambda x: x.log_softmax(-1), domain=Domain(-10, 10),
+           atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Casts and bitcasts
 
 CAST_CASES = [  # (from dtype, to dtype, input domain)
@@ -922,7 +1022,6 @@ LIKE = [
   pytest.param(lambda x: torch.full_like(x, 3), lambda x: Tensor.full_like(x, 3), id="full_like"),
   pytest.param(lambda x: torch.ones_like(x, dtype=torch.int32), lambda x: Tensor.ones_like(x, dtype=dtypes.int32),
                id="ones_like_dtype"),
-  pytest.param(lambda x: torch.zeros_like(x), lambda x: x.zeros_like(), id="zeros_like_method"),
 ]
 
 

@@ -149,17 +149,13 @@ def test_ctx_is_passed_to_functions_that_ask() -> None:
 
 # ***** graph_rewrite *****
 
-def fold_add(x: UOp, c: UOp) -> UOp | None:
-  return UOp.const(x.dtype, x.arg + c.arg) if x.op is Ops.CONST else None
-
-
 def reassociate(x: UOp, c1: UOp, c2: UOp) -> UOp:
   """(x + c1) + c2 -> x + (c1 + c2), leaving the inner sum for another rule to fold."""
   return UOp(Ops.ADD, x.dtype, (x, UOp(Ops.ADD, c1.dtype, (c1, c2))))
 
 
 fold_sums = PatternMatcher([
-  (UPat(Ops.ADD, src=(UPat.cvar("x"), c)), fold_add),
+  (UPat(Ops.ADD, src=(UPat.cvar("c1"), UPat.cvar("c2"))), lambda c1, c2: UOp.const(c1.dtype, c1.arg + c2.arg)),
   (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, UPat.cvar("c1"))), UPat.cvar("c2"))), reassociate),
 ])
 

@@ -82,7 +82,7 @@ def test_like_constructors(device):
   for fn, value in [(Tensor.zeros_like, 0), (Tensor.ones_like, 1)]:
     y = fn(x)
     assert y.shape == x.shape and y.dtype is dtypes.int32 and y.device == device and y.tolist() == [[value] * 2] * 2
-  assert Tensor.full_like(x, 9).tolist() == [[9, 9], [9, 9]]
+  assert Tensor.full_like(x, 9).tolist() == [[9, 9], [9, 9]] and x.ones_like().tolist() == [[1, 1], [1, 1]]
   assert Tensor.zeros_like(x, dtype="float32").dtype is dtypes.float32
   assert Tensor.empty_like(x).shape == (2, 2)
   f = Tensor.rand(2, 3, device=device)
@@ -121,6 +121,18 @@ def test_iter_and_scalars(device):
   assert [row.tolist() for row in t] == [[1, 2], [3, 4]]
   assert float(Tensor([2.5], device=device)) == 2.5 and int(Tensor(7, device=device)) == 7
   assert bool(Tensor([1], device=device)) and not bool(Tensor(0.0, device=device))
+
+
+def test_promotion_of_scalars_and_0d_tensors():
+  i32, f16 = Tensor([1, 2], dtype="int32"), Tensor([1.0], dtype="float16")
+  assert (i32 + 1).dtype is dtypes.int32 and (i32 + 1.5).dtype is dtypes.float32 and (i32 / 2).dtype is dtypes.float32
+  assert (Tensor([True]) + 1).dtype is dtypes.int64 and (Tensor([True]) * True).dtype is dtypes.bool
+  assert (f16 * 3.0).dtype is dtypes.float16 and (i32 + Tensor([1], dtype="int64")).dtype is dtypes.int64
+  assert (i32 + Tensor(1)).dtype is dtypes.int32                      # a 0-d tensor only raises the category
+  assert (i32 + Tensor(1.0, dtype="float64")).dtype is dtypes.float64
+  assert (f16 + Tensor(1.0)).dtype is dtypes.float16 and (Tensor(1) + Tensor(1.0)).dtype is dtypes.float32
+  assert (np.float32(2.0) * Tensor([1.0, 2.0])).tolist() == [2.0, 4.0]   # numpy scalars defer to Tensor
+  assert (Tensor([1, 2]) < np.int64(2)).tolist() == [True, False]
 
 
 # ***** running the graph *****
