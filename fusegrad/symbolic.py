@@ -108,6 +108,11 @@ def fold_mod(x: UOp, c: UOp) -> UOp | None:
   if x.op is Ops.MOD and x.src[1].op is Ops.CONST and x.src[1].arg > 0 and x.src[1].arg % c.arg == 0:
     return UOp(Ops.MOD, x.dtype, (x.src[0], c))
   terms, const = split_terms(x)
+  # first with the signed coefficients: (3 - a) % 4 with 0 <= a <= 3 is 3 - a
+  signed = {t: k for t, k in terms.items() if k % c.arg != 0}
+  signed_rem = build_sum(dict(signed), const % c.arg, x)
+  if signed_rem.vmin // c.arg == signed_rem.vmax // c.arg:
+    return build_sum(signed, const % c.arg - (signed_rem.vmin // c.arg) * c.arg, x)
   rest = {t: k % c.arg for t, k in terms.items() if k % c.arg != 0}
   rem = build_sum(dict(rest), const % c.arg, x)
   if rem.vmin // c.arg == rem.vmax // c.arg: return build_sum(rest, const % c.arg - (rem.vmin // c.arg) * c.arg, x)
@@ -192,7 +197,14 @@ logic = PatternMatcher([
   (UPat(Ops.CMPNE, dtype=dtypes.bool, src=[x, UPat.const(False)]), lambda x: x if x.dtype is dtypes.bool else None),
 ])
 
+def order_product(x: UOp, y: UOp) -> UOp | None:
+  """a*b and b*a are one node: operands of an int product of two non-constants in printed order."""
+  if not _is_int(x) or x.op is Ops.CONST or y.op is Ops.CONST: return None
+  return UOp(Ops.MUL, x.dtype, (y, x)) if _term_order(y) < _term_order(x) else None
+
+
 int_algebra = PatternMatcher([
+  (UPat(Ops.MUL, src=(x, y)), order_product),
   (UPat((Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG), name="x"), canonical_sum),
   (UPat(Ops.IDIV, src=(x, c)), fold_div),
   (UPat(Ops.MOD, src=(x, c)), fold_mod),
