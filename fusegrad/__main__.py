@@ -66,6 +66,15 @@ def cmd_demo(args) -> int:
   return demo.main(args)
 
 
+def cmd_bench(args) -> int:
+  # the suite lives in the repository's bench/ folder (it needs torch and writes bench/results/)
+  try:
+    suite = importlib.import_module("bench.suite")
+  except ImportError as e:
+    raise SystemExit(f"bench: can't import bench/suite.py ({e}); run this from the fusegrad repository root") from e
+  return suite.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m fusegrad", description=__doc__.split("\n\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("expr", help='e.g. "(Tensor.rand(64,64).half() @ Tensor.rand(64,64).half()).float()"')
   p.add_argument("--device", default="CPU")
   p.set_defaults(fn=cmd_kernels)
+  p = sub.add_parser("bench", help="time fusegrad side by side with numpy and PyTorch; writes bench/results/")
+  p.add_argument("--device", default=None)
+  p.add_argument("--quick", action="store_true", help="fewer timed runs")
+  p.add_argument("--cases", nargs="*", help="only these cases (e.g. ew_fused softmax)")
+  p.set_defaults(fn=cmd_bench)
   args = parser.parse_args(argv)
   return args.fn(args)
 

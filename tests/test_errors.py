@@ -67,7 +67,7 @@ def test_devices_must_match():
   with raises(ValueError, "add: tensors are on different devices, CPU and PYTHON", ".to()"):
     Tensor([1.0], device="CPU") + Tensor([1.0], device="PYTHON")
   with raises(ValueError, "cat: tensor 1 is on PYTHON but tensor 0 is on CPU"):
-    Tensor.cat([Tensor([1.0]), Tensor([2.0], device="PYTHON")])
+    Tensor.cat([Tensor([1.0], device="CPU"), Tensor([2.0], device="PYTHON")])
 
 
 def test_bitcast_needs_equal_itemsize():
