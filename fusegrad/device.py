@@ -120,7 +120,7 @@ class Buffer:
     if data.nbytes != self.nbytes:
       raise ValueError(f"Buffer.copyin: {data.nbytes} bytes given for a buffer of {self.nbytes} bytes")
     self.allocate()
-    Device[self.device].allocator.copyin(self._handle, memoryview(data.reshape(-1).view(np.uint8)))
+    if self.nbytes: Device[self.device].allocator.copyin(self._handle, memoryview(data.reshape(-1).view(np.uint8)))
     return self
 
   def raw_bytes(self) -> np.ndarray:

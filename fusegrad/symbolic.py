@@ -25,8 +25,10 @@ def split_terms(u: UOp) -> tuple[dict[UOp, int], int]:
   while stack:
     node, k = stack.pop()
     if node.op is Ops.CONST: const += k * node.arg
-    elif node.op is Ops.ADD: stack.extend([(node.src[0], k), (node.src[1], k)])
-    elif node.op is Ops.SUB: stack.extend([(node.src[0], k), (node.src[1], -k)])
+    # push right before left, so terms come out left to right: with a stable sort, rebuilding a canonical sum
+    # gives the same node back even when two terms print alike (two LOADs), and the rewrite reaches a fixed point
+    elif node.op is Ops.ADD: stack.extend([(node.src[1], k), (node.src[0], k)])
+    elif node.op is Ops.SUB: stack.extend([(node.src[1], -k), (node.src[0], k)])
     elif node.op is Ops.NEG: stack.append((node.src[0], -k))
     elif node.op is Ops.MUL and node.src[1].op is Ops.CONST: stack.append((node.src[0], k * node.src[1].arg))
     elif node.op is Ops.MUL and node.src[0].op is Ops.CONST: stack.append((node.src[1], k * node.src[0].arg))

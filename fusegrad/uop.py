@@ -276,7 +276,10 @@ def sint_to_uop(x: int | UOp, dtype: DType = dtypes.index) -> UOp: return x if i
 # ***** ALU semantics (constant folding, the PYTHON backend, evaluate) *****
 
 def _idiv(a, b): return 0 if b == 0 else a // b            # floor division, as Python and torch
-def _mod(a, b): return 0 if b == 0 else a % b
+def _mod(a, b):
+  # ints: Python's (and torch's) sign-of-divisor remainder; floats: C's fmod, which kernels compute
+  if isinstance(a, float) or isinstance(b, float): return math.nan if b == 0 else math.fmod(a, b)
+  return 0 if b == 0 else a % b
 def _fdiv(a, b):
   if b == 0: return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
   return a / b

@@ -71,6 +71,7 @@ class Lowerer:
     self.buf_uops = {b.arg: b for b in k.bufs}
     self.load_cache: dict[tuple, list[UOp]] = {}
     self.acc_count = 0
+    self.reduce_loops: tuple[UOp, ...] = ()
 
   # ***** index variables *****
   def make_indices(self) -> list[UOp | None]:
@@ -236,8 +237,11 @@ class Lowerer:
     if op is Ops.ADD: return UOp.const(dtype, 0)
     return UOp.const(dtype, -math.inf if dtypes.is_float(dtype) else dtypes.min(dtype))
 
-  def accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple) -> dict:
-    """DEFINE_ACC per output lane, updated through PHI by every lane's value (in lane order)."""
+  def accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple,
+                 loops: tuple[UOp, ...]) -> dict:
+    """DEFINE_ACC per output lane, updated through PHI by every lane's value (in lane order). Each PHI names the
+    reduce loops it runs in (after its two sources), so placement keeps the update inside them even when the
+    value added does not depend on them."""
     accs: dict[tuple, UOp] = {}
     for key in dict.fromkeys(lanes_to_acc.values()):
       accs[key] = UOp(Ops.DEFINE_ACC, dtype, (self.reduce_identity(op, dtype),) + enclosing, self.acc_count)
@@ -246,7 +250,7 @@ class Lowerer:
       key = lanes_to_acc[ln]
       if val is None: continue
       new = UOp(op, dtype, (accs[key], val))
-      accs[key] = UOp(Ops.PHI, dtype, (accs[key], new))
+      accs[key] = UOp(Ops.PHI, dtype, (accs[key], new) + loops)
     return accs
 
   def lower_reduce(self, red: UOp, idxs):
@@ -258,13 +262,14 @@ class Lowerer:
     for i in range(first_loop, k.first_upcast):
       parent = self.loop(f"ridx{i - first_loop}", fs[i], parent)
       idxs[i] = parent
+    self.reduce_loops = (parent,) if first_loop < k.first_upcast else ()
     out_key = {ln: self.lane_key(ln, True) for ln in self.lanes}
     if k.tensor_core is not None:
       accs = self.lower_tensor_cores(red, idxs)
       return [UOp(Ops.CAST, red.dtype, (accs[out_key[ln]],)) if red.dtype is not dtypes.float32
               else accs[out_key[ln]] for ln in self.lanes], None, idxs
     values = self.lower_node(red.src[0], idxs, zero_reduce=False)
-    accs = self.accumulate(arg.op, red.dtype, values, out_key, self.outer_blocks)
+    accs = self.accumulate(arg.op, red.dtype, values, out_key, self.outer_blocks, self.reduce_loops)
     for n in list(self.values):  # values inside the reduce are not visible after it
       if n is not red: del self.values[n]
     if k.group_for_reduces == 0:
@@ -311,8 +316,9 @@ class Lowerer:
         keys.append(key)
       wmma = UOp(Ops.WMMA, dtypes.float32.vec(4), tuple(a_vals + b_vals + [accs[key] for key in keys]),
                  WMMAArg(plan.dtype_in, dtypes.float32))
-      for i, key in enumerate(keys): accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32,
-                                                                                             (wmma,), i)))
+      for i, key in enumerate(keys):
+        accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
+                        self.reduce_loops)
     return accs
 
   def group_reduce(self, red: UOp, arg: ReduceArg, accs: dict, out_key: dict, idxs):
@@ -349,7 +355,7 @@ class Lowerer:
       acc = UOp(Ops.DEFINE_ACC, red.dtype, (self.reduce_identity(arg.op, red.dtype), gate), self.acc_count)
       self.acc_count += 1
       partial = UOp(Ops.LOAD, red.dtype, (temp, temp_index(local_part, n), barrier))
-      accs2[key] = UOp(Ops.PHI, red.dtype, (acc, UOp(arg.op, red.dtype, (acc, partial))))
+      accs2[key] = UOp(Ops.PHI, red.dtype, (acc, UOp(arg.op, red.dtype, (acc, partial))) + tuple(group_loops))
     for i in group_axes: late_idx[i] = UOp.const(dtypes.index, 0)
     return [accs2[out_key[ln]] for ln in self.lanes], gate, late_idx
 
@@ -366,6 +372,24 @@ def _merge_chains(chains: list[tuple[UOp, ...]], node: UOp) -> tuple[UOp, ...]:
   return longest
 
 
+def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict) -> None:
+  """An accumulator update runs once per iteration of the loops its PHI names, even when the value it adds does not
+  depend on them (sum over r of x is R*x): move the PHI, and every node between the accumulator and it, into them."""
+  for p in nodes:
+    if p.op is not Ops.PHI or len(p.src) <= 2: continue
+    target = _merge_chains([place[p]] + [seen_as[lp] for lp in p.src[2:]], p)
+    prev = p.src[0]
+    chain, stack = [], [p.src[1]]
+    while stack:
+      m = stack.pop()
+      if m is prev or m in chain or prev not in m.toposort(): continue
+      chain.append(m)
+      stack.extend(m.src)
+    for m in chain + [p]:
+      place[m] = _merge_chains([place[m], target], m)
+      if m is not p: seen_as[m] = place[m]
+
+
 def linearize_graph(sink: UOp) -> list[UOp]:
   """Flatten a kernel graph: each node goes in the innermost LOOP/IF it depends on; blocks nest as their sources say."""
   nodes = sink.toposort()
@@ -378,6 +402,7 @@ def linearize_graph(sink: UOp) -> list[UOp]:
     if n.op in (Ops.LOOP, Ops.IF): seen_as[n] = chain + (n,)
     elif n.op is Ops.PHI: seen_as[n] = seen_as[n.src[0]]
     else: seen_as[n] = chain
+  _keep_updates_in_loops(nodes, place, seen_as)
   children: dict[UOp | None, list[UOp]] = {}
   for n in nodes:
     if n is sink: continue

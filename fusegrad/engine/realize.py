@@ -32,7 +32,7 @@ class CompiledKernel:
   compile_s: float
 
 
-_PROGRAMS: dict[tuple[UOp, str], CompiledKernel] = {}
+_PROGRAMS: dict[tuple, CompiledKernel] = {}
 _CAPTURE: list[list] = []   # open JIT captures: each records (kernel, buffers, var_vals) of every launch
 
 
@@ -61,7 +61,7 @@ def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
 
 def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> CompiledKernel:
   """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk)."""
-  key = (ast, device)
+  key = (ast, device, config.NOOPT, config.BEAM)   # the flags that choose the opts are part of the program
   if key not in _PROGRAMS:
     opts = beam_search(ast, si.bufs, si.var_vals, device) if config.BEAM > 0 and si is not None else None
     _PROGRAMS[key] = compile_kernel(kernel_for(ast, device, opts), device)

@@ -41,6 +41,9 @@ C_PRELUDE = """#include <math.h>
 #include <string.h>
 #define FG_IDIV(a, b) ((b) == 0 ? 0 : ((a) / (b)) - ((((a) % (b)) != 0) && (((a) < 0) != ((b) < 0))))
 #define FG_MOD(a, b) ((b) == 0 ? 0 : ((a) % (b)) + (((((a) % (b)) != 0) && (((a) % (b) < 0) != ((b) < 0))) ? (b) : 0))
+static inline long long fg_ipow(long long b, long long e) { long long r = 1;
+  if (e < 0) return b == 1 ? 1 : b == -1 ? ((e & 1) ? -1 : 1) : 0;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }
 static inline float fg_bf16_load(unsigned short x) { unsigned int u = ((unsigned int)x) << 16; float f;
   memcpy(&f, &u, 4); return f; }
 static inline unsigned short fg_bf16_store(float f) { unsigned int u; memcpy(&u, &f, 4);
@@ -100,7 +103,9 @@ class CStyleRenderer(Renderer):
     if op is Ops.SQRT: return f"{fn('sqrt')}({a[0]})"
     if op is Ops.TRUNC: return f"{fn('trunc')}({a[0]})"
     if op is Ops.RECIP: return f"({self.literal(1.0, dt)}/{a[0]})"
-    if op is Ops.POW: return f"{fn('pow')}({a[0]}, {a[1]})"
+    if op is Ops.POW:
+      if not is_f: return f"(({self.type_name(dt)})fg_ipow({a[0]}, {a[1]}))"
+      return f"{fn('pow')}({a[0]}, {a[1]})"
     if op is Ops.MAX:
       if is_f: return f"((({a[0]})!=({a[0]}))||(({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
       return f"(({a[0]})>({a[1]})?({a[0]}):({a[1]}))"
@@ -283,6 +288,9 @@ CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))
 #define NAN (__int_as_float(0x7fffffff))
 #define FG_IDIV(a, b) ((b) == 0 ? 0 : ((a) / (b)) - ((((a) % (b)) != 0) && (((a) < 0) != ((b) < 0))))
 #define FG_MOD(a, b) ((b) == 0 ? 0 : ((a) % (b)) + (((((a) % (b)) != 0) && (((a) % (b) < 0) != ((b) < 0))) ? (b) : 0))
+__device__ inline long long fg_ipow(long long b, long long e) { long long r = 1;
+  if (e < 0) return b == 1 ? 1 : b == -1 ? ((e & 1) ? -1 : 1) : 0;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; } return r; }
 __device__ inline float fg_bf16_load(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
 __device__ inline unsigned short fg_bf16_store(float f) { unsigned int u = __float_as_uint(f);
   if (f != f) return 0x7FC0; return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }

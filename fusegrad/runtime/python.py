@@ -91,6 +91,19 @@ class PythonProgram:
     return time.perf_counter() - start
 
 
+class _PhiValues(dict):
+  """Values by uop index, where reading a PHI reads its accumulator: as in C, every PHI of one accumulator is the
+  same variable, so a read sees the latest update wherever the PHI sits."""
+
+  def __init__(self, prog):
+    super().__init__()
+    self.root = {}
+    for pc, (op, _, src, _) in enumerate(prog):
+      if op is Ops.PHI: self.root[pc] = self.root.get(src[0], src[0])
+
+  def __getitem__(self, pc): return super().__getitem__(self.root.get(pc, pc))
+
+
 class _Interpreter:
   def __init__(self, program, bufs, vals, gsz, lsz):
     self.prog, self.bufs, self.vals = program, bufs, vals
@@ -111,7 +124,7 @@ class _Interpreter:
 
   def run(self) -> None:
     prog = self.prog
-    v: dict[int, object] = {}
+    v: dict[int, object] = _PhiValues(prog)
     mask_stack = [np.ones(self.n, dtype=bool)]
     loops: list[list] = []   # [pc of LOOP, current, end]
     ends = self._match_ends()

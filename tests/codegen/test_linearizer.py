@@ -211,3 +211,24 @@ def test_verify_uops_catches_broken_lists():
   broken = [uops[0]] + uops[2:] + [uops[1]]
   with pytest.raises(AssertionError):
     verify_uops(broken)
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("n", [8, 100])
+def test_reduce_of_a_value_invariant_in_the_loop(device, n):
+  """sum over r of x, x not depending on r, is n*x: the accumulator update stays inside the reduce loop."""
+  b = LazyBuffer.from_numpy(np.arange(4, dtype=np.float32).reshape(4, 1), dtypes.float32, device)
+  si = one_kernel(b.expand((4, n)).r(Ops.ADD, (1,)))
+  for opts in ([], None):
+    out, _ = run_with(si, device, opts)
+    np.testing.assert_allclose(out.reshape(4), np.arange(4) * n)
+  c = LazyBuffer.from_numpy(np.arange(12, dtype=np.float32).reshape(4, 3, 1), dtypes.float32, device)
+  si = one_kernel(c.expand((4, 3, n)).r(Ops.ADD, (1, 2)))
+  out, _ = run_with(si, device, [])
+  np.testing.assert_allclose(out.reshape(4), np.arange(12).reshape(4, 3).sum(1) * n)
+
+
+def test_zero_size_buffer_upload():
+  """An empty array uploads without error."""
+  e = LazyBuffer.from_numpy(np.zeros(0, np.float32), dtypes.float32, "CPU")
+  assert e.base.buffer.numpy().shape == (0,)
