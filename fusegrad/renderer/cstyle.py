@@ -36,6 +36,8 @@ C_TYPES = {dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsig
            dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16",
            dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double", dtypes.void: "void"}
 
+VALUE_OPS = frozenset({Ops.LOAD, Ops.GEP, Ops.VECTORIZE, Ops.CAST, Ops.BITCAST}) | GroupOp.ALU
+
 C_PRELUDE = """#include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -209,26 +211,12 @@ class CStyleRenderer(Renderer):
       elif op is Ops.PHI:
         names[u] = names[u.src[0]]
         emit(f"{names[u]} = {r(u.src[1])};")
-      elif op is Ops.LOAD:
-        names[u] = fresh("val")
-        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.render_load(u, r)};")
       elif op is Ops.STORE:
         emit(self.render_store(u, r))
-      elif op is Ops.GEP:
-        names[u] = fresh("g")
-        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.gep(r(u.src[0]), u.arg)};")
-      elif op is Ops.VECTORIZE:
-        names[u] = fresh("vec")
-        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.vector_literal([r(s) for s in u.src], u.dtype)};")
-      elif op is Ops.CAST:
-        names[u] = fresh("cast")
-        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.cast(u, r(u.src[0]))};")
-      elif op is Ops.BITCAST:
-        names[u] = fresh("bc")
-        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.bitcast(u, r(u.src[0]))};")
-      elif op in GroupOp.ALU:
-        names[u] = fresh("alu")
-        emit(f"{self.type_name(u.dtype)} {names[u]} = {self.alu(u, [r(s) for s in u.src])};")
+      elif op in VALUE_OPS:
+        prefix, text = self.value(u, r)
+        names[u] = fresh(prefix)
+        emit(f"{self.type_name(u.dtype)} {names[u]} = {text};")
       elif op is Ops.WMMA:
         names[u] = fresh("wmma")
         emit(self.wmma(u, names[u], [r(s) for s in u.src]))
@@ -238,6 +226,15 @@ class CStyleRenderer(Renderer):
     return f"{self.prelude(uops)}\n{self.kernel_header(name, params, uops)}\n{body}\n{self.kernel_footer(uops)}\n"
 
   def kernel_footer(self, uops: list[UOp]) -> str: return "}"
+
+  def value(self, u: UOp, r) -> tuple[str, str]:
+    """(name prefix, C expression) of a uop that defines one value."""
+    if u.op is Ops.LOAD: return "val", self.render_load(u, r)
+    if u.op is Ops.GEP: return "g", self.gep(r(u.src[0]), u.arg)
+    if u.op is Ops.VECTORIZE: return "vec", self.vector_literal([r(s) for s in u.src], u.dtype)
+    if u.op is Ops.CAST: return "cast", self.cast(u, r(u.src[0]))
+    if u.op is Ops.BITCAST: return "bc", self.bitcast(u, r(u.src[0]))
+    return "alu", self.alu(u, [r(s) for s in u.src])
 
   def wmma(self, u: UOp, name: str, args: list[str]) -> str:
     raise NotImplementedError(f"WMMA is not supported by the {self.device} renderer")
