@@ -88,7 +88,7 @@ def openmp_works(cc: str) -> bool:
 
 
 def core_count() -> int:
-  if config.THREADS > 0: return config.THREADS
+  if config.THREADS > 0: return config.THREADS   # 0 means every core this process may run on
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
