@@ -232,3 +232,23 @@ def test_zero_size_buffer_upload():
   """An empty array uploads without error."""
   e = LazyBuffer.from_numpy(np.zeros(0, np.float32), dtypes.float32, "CPU")
   assert e.base.buffer.numpy().shape == (0,)
+
+
+def test_thread_opt_runs_an_openmp_region():
+  """THREAD splits axis 0 across cores: a SPECIAL core index, rendered as an OpenMP parallel region."""
+  from fusegrad.renderer.cstyle import CRenderer
+  from fusegrad.runtime.cpu import CCompiler, CPUProgram, openmp_works
+  from fusegrad.codegen.kernel import Kernel
+  if not openmp_works("cc"): pytest.skip("the C compiler has no OpenMP")
+  a, b = lb((64, 32)), lb((32, 48))
+  si = one_kernel(matmul(a, b))
+  want, _ = run_with(si, "CPU", [])
+  k = Kernel(si.ast, CRenderer(max_threads=2))
+  k.apply_opt(Opt(OptOps.THREAD, 0, 2))
+  lin = linearize(k)
+  assert any(u.op is Ops.SPECIAL and u.arg.name == "core0" for u in lin.uops)
+  src = k.opts.render("mm", lin.uops)
+  assert "#pragma omp parallel num_threads(2)" in src
+  prog = CPUProgram("mm", CCompiler(openmp=True).compile(src))
+  prog([b_.allocate()._handle for b_ in si.bufs])
+  np.testing.assert_allclose(si.bufs[0].numpy(), want, rtol=1e-5, atol=1e-5)
