@@ -12,7 +12,9 @@ from fusegrad.uop import Ops, Variable
 from fusegrad.lazy import LazyBuffer
 from fusegrad.engine.schedule import create_schedule
 from fusegrad.engine.realize import kernel_for, compile_kernel, run_kernel
-from fusegrad.codegen.kernel import Opt, OptOps, KernelOptError
+from fusegrad.codegen.kernel import Opt, OptOps, KernelOptError, Kernel
+from fusegrad.renderer.cstyle import CRenderer
+from fusegrad.runtime.cpu import CCompiler, CPUProgram, openmp_works
 from fusegrad.codegen.linearizer import linearize, verify_uops
 
 rng = np.random.default_rng(0)
@@ -236,9 +238,6 @@ def test_zero_size_buffer_upload():
 
 def test_thread_opt_runs_an_openmp_region():
   """THREAD splits axis 0 across cores: a SPECIAL core index, rendered as an OpenMP parallel region."""
-  from fusegrad.renderer.cstyle import CRenderer
-  from fusegrad.runtime.cpu import CCompiler, CPUProgram, openmp_works
-  from fusegrad.codegen.kernel import Kernel
   if not openmp_works("cc"): pytest.skip("the C compiler has no OpenMP")
   a, b = lb((64, 32)), lb((32, 48))
   si = one_kernel(matmul(a, b))
