@@ -244,7 +244,7 @@ class Kernel:
     loads = match_matmul(self.reduceop)
     _check(loads is not None, "TC: the reduce is not a sum of products of two float16/bfloat16 loads")
     _check(self.first_upcast - self.first_reduce == 1, "TC: needs exactly one reduce axis")
-    a, b = loads
+    a, b, dtype_in = loads
     k_axis = self.first_reduce
     axes = self._tc_axes(a, b) or self._tc_axes(b, a)
     _check(axes is not None, f"TC: no M/N axes divisible by {TC_M}/{TC_N} in {self.full_shape}")
@@ -261,7 +261,7 @@ class Kernel:
     self.shift_to(self.first_reduce, TC_K)                          # k: 16, unrolled
     self.upcasted += 1
     self.simplify_ones()
-    self.tensor_core = TCPlan(a, b, a.dtype)
+    self.tensor_core = TCPlan(a, b, dtype_in)
 
   def _tc_axes(self, a: UOp, b: UOp):
     sa, sb = self.sts[self.accesses.index(a)].real_strides(), self.sts[self.accesses.index(b)].real_strides()

@@ -290,7 +290,8 @@ class Lowerer:
     def fragment(st, buf, lane, axis_values: dict) -> UOp:
       base = self.lane_indices(idxs, lane, zero_reduce=False)
       for ax, v in axis_values.items(): base[ax] = v
-      return self.emit_load(buf, st.expr_idxs([simplify(x) for x in base]), plan.dtype_in, None)
+      load = self.emit_load(buf, st.expr_idxs([simplify(x) for x in base]), buf.dtype.base, None)
+      return load if load.dtype is plan.dtype_in else UOp(Ops.CAST, plan.dtype_in, (load,))
     accs: dict[tuple, UOp] = {}
     for other in itertools.product(*[range(self.up_sizes[j]) for j in others]):
       lane = [0] * len(self.up_axes)

@@ -45,12 +45,13 @@ def _strip_cast(u: UOp) -> UOp:
   return u
 
 
-def match_matmul(reduceop: UOp | None) -> tuple[UOp, UOp] | None:
-  """(x, y) LOADs if the reduce is SUM(x*y) of two fp16/bf16 loads of one dtype (casts allowed), else None."""
+def match_matmul(reduceop: UOp | None) -> tuple[UOp, UOp, DType] | None:
+  """(x, y, dtype) if the reduce is SUM(x*y) with the product in fp16/bf16 and x, y LOADs (possibly cast to that
+  dtype in the kernel, as `a.half() @ b.half()` of float32 buffers is), else None."""
   if reduceop is None or reduceop.arg.op is not Ops.ADD: return None
   mul = _strip_cast(reduceop.src[0])
-  if mul.op is not Ops.MUL: return None
+  if mul.op is not Ops.MUL or mul.dtype not in TC_INPUT_DTYPES: return None
   x, y = (_strip_cast(s) for s in mul.src)
-  if x.op is not Ops.LOAD or y.op is not Ops.LOAD: return None
-  if x.dtype not in TC_INPUT_DTYPES or x.dtype is not y.dtype: return None
-  return x, y
+  if x.op is not Ops.LOAD or y.op is not Ops.LOAD or not (dtypes.is_float(x.dtype) and dtypes.is_float(y.dtype)):
+    return None
+  return x, y, mul.dtype

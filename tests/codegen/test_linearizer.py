@@ -251,3 +251,21 @@ def test_thread_opt_runs_an_openmp_region():
   prog = CPUProgram("mm", CCompiler(openmp=True).compile(src))
   prog([b_.allocate()._handle for b_ in si.bufs])
   np.testing.assert_allclose(si.bufs[0].numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("cast_in_kernel", [False, True])
+def test_tensor_core_lowering_on_python(dtype, cast_in_kernel):
+  """TC maps SUM(A*B) onto mma m16n8k16 WMMAs (emulated per warp on PYTHON) and matches float64 within 1e-2."""
+  rng = np.random.default_rng(1)
+  a, b = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 16)).astype(np.float32)
+  if cast_in_kernel:
+    A, B = (LazyBuffer.from_numpy(x, dtypes.float32, "PYTHON").cast(dtype) for x in (a, b))
+  else:
+    A, B = (LazyBuffer.from_numpy(x, dtype, "PYTHON") for x in (a, b))
+  si = one_kernel(matmul(A, B).cast(dtypes.float32))
+  for opts in ([Opt(OptOps.TC, 0, 0)], [Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 3)]):
+    out, ck = run_with(si, "PYTHON", opts)
+    assert sum(u.op is Ops.WMMA for u in ck.lin.uops) >= 1
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.linalg.norm(out.reshape(ref.shape) - ref) / np.linalg.norm(ref) < 1e-2
