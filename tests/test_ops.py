@@ -164,6 +164,24 @@ def test_float64(device, fn):
   check_op(device, [(9, 11)], fn, dtype="float64", domain=Domain(0.1, 3), atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "bool"])
+@pytest.mark.parametrize("fn", [
+  pytest.param(lambda x: x.exp(), id="exp"),
+  pytest.param(lambda x: x.exp2(), id="exp2"),
+  pytest.param(lambda x: x.log(), id="log"),
+  pytest.param(lambda x: x.sqrt(), id="sqrt"),
+  pytest.param(lambda x: x.rsqrt(), id="rsqrt"),
+  pytest.param(lambda x: x.sin(), id="sin"),
+  pytest.param(lambda x: x.sigmoid(), id="sigmoid"),
+  pytest.param(lambda x: x.tanh(), id="tanh"),
+  pytest.param(lambda x: x.reciprocal(), id="reciprocal"),
+  pytest.param(lambda x: x.float().floor(), id="floor"),
+])
+def test_unary_int_input_gives_float(device, dtype, fn):
+  """torch computes float ops of int and bool tensors in float32."""
+  check_op(device, [(3, 4)], fn, dtype=dtype, domain=Domain(1, 9))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Binary elementwise ops, broadcasting and Python scalars
 
@@ -770,6 +788,10 @@ GETITEM_BASIC = [
   pytest.param(lambda x: x[1, ..., 2:], id="int_ellipsis_slice"),
   pytest.param(lambda x: x[...], id="ellipsis"),
   pytest.param(lambda x: x[:], id="full_slice"),
+  pytest.param(lambda x: x[::10], id="step_past_end"),
+  pytest.param(lambda x: x[-100:], id="start_before_begin"),
+  pytest.param(lambda x: x[7:], id="start_past_end"),
+  pytest.param(lambda x: x[:, None, :, None], id="two_nones"),
 ]
 
 
@@ -805,6 +827,8 @@ GETITEM_TENSOR = [
   pytest.param([IDX, IDX[::-1].copy()], lambda x, i, j: x[i, :, j], id="tensor_slice_tensor"),
   pytest.param([IDX], lambda x, i: x[..., i], id="ellipsis_tensor"),
   pytest.param([IDX], lambda x, i: x[None, i], id="none_tensor"),
+  pytest.param([np.array(3)], lambda x, i: x[i], id="0d_tensor"),
+  pytest.param([np.array(-2)], lambda x, i: x[1, i], id="int_0d_tensor"),
 ]
 
 
@@ -1173,6 +1197,86 @@ ZERO_SIZE = [
 @pytest.mark.parametrize("shape, torch_fn, fg_fn", ZERO_SIZE)
 def test_zero_size(device, shape, torch_fn, fg_fn):
   check_op(device, [shape], torch_fn, fg_fn)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch spellings: keyword arguments and call forms as torch users write them, on both libraries unchanged
+
+def api_mismatch(what: str):
+  return pytest.mark.xfail(reason=f"API mismatch with torch: {what}", raises=(TypeError, AttributeError), strict=True)
+
+
+TORCH_SPELLINGS = [
+  pytest.param(lambda x: x.sum(dim=1, keepdim=True), id="sum(dim=,keepdim=)"),
+  pytest.param(lambda x: x.mean(dim=(0, 2)), id="mean(dim=tuple)"),
+  pytest.param(lambda x: x.std(dim=1, correction=0, keepdim=True), id="std(dim=,correction=)"),
+  pytest.param(lambda x: x.var(dim=-1, unbiased=False), id="var(unbiased=)"),
+  pytest.param(lambda x: x.amax(dim=1), id="amax"),
+  pytest.param(lambda x: x.amin(1, keepdim=True), id="amin"),
+  pytest.param(lambda x: x.softmax(dim=0), id="softmax(dim=)"),
+  pytest.param(lambda x: x.log_softmax(dim=-1), id="log_softmax(dim=)"),
+  pytest.param(lambda x: x.logsumexp(dim=1), id="logsumexp(dim=)"),
+  pytest.param(lambda x: x.cumsum(dim=1), id="cumsum(dim=)"),
+  pytest.param(lambda x: x.argmax(dim=1, keepdim=True), id="argmax(dim=)"),
+  pytest.param(lambda x: x.permute(dims=(2, 0, 1)), id="permute(dims=)",
+               marks=api_mismatch("permute has no dims= keyword")),
+  pytest.param(lambda x: x.transpose(dim0=0, dim1=2), id="transpose(dim0=,dim1=)"),
+  pytest.param(lambda x: x.flip(dims=(0, 1)), id="flip(dims=)",
+               marks=api_mismatch("flip has no dims= keyword")),
+  pytest.param(lambda x: x.flatten(start_dim=1), id="flatten(start_dim=)"),
+  pytest.param(lambda x: x.reshape(shape=(5, 24)), id="reshape(shape=)",
+               marks=api_mismatch("reshape has no shape= keyword")),
+  pytest.param(lambda x: x[:, :1].squeeze(dim=1), id="squeeze(dim=)"),
+  pytest.param(lambda x: x[:1, :1].squeeze((0, 1)), id="squeeze(tuple)"),
+  pytest.param(lambda x: x.unsqueeze(dim=0), id="unsqueeze(dim=)"),
+  pytest.param(lambda x: x.chunk(chunks=2, dim=2), id="chunk(chunks=,dim=)"),
+  pytest.param(lambda x: x.clip(min=-0.5, max=0.5), id="clip(min=,max=)"),
+  pytest.param(lambda x: x.clamp(-0.5), id="clamp(min)"),
+  pytest.param(lambda x: x.pow(2), id="pow"),
+  pytest.param(lambda x: x.abs().pow(exponent=0.5), id="pow(exponent=)",
+               marks=api_mismatch("pow names its argument x, not exponent")),
+  pytest.param(lambda x: abs(x), id="abs()"),
+  pytest.param(lambda x: x.maximum(other=x * 0), id="maximum(other=)",
+               marks=api_mismatch("maximum names its argument x, not other")),
+  pytest.param(lambda x: x.expand(size=(2, 4, 5, 6)), id="expand(size=)",
+               marks=api_mismatch("expand has no size= keyword")),
+  pytest.param(lambda x: x.repeat(1, 2, 1), id="repeat"),
+  pytest.param(lambda x: x.square().sum(), id="square_sum"),
+  pytest.param(lambda x: x.neg().relu(), id="neg_relu"),
+  pytest.param(lambda x: x.contiguous().view(-1, 6), id="view(-1)"),
+  pytest.param(lambda x: x.div(2, rounding_mode="floor"), id="div(rounding_mode=floor)"),
+  pytest.param(lambda x: x.div(2, rounding_mode="trunc"), id="div(rounding_mode=trunc)"),
+  pytest.param(lambda x: x.T if x.ndim == 2 else x.mT, id="mT",
+               marks=api_mismatch("no Tensor.mT (batched transpose of the last two dims)")),
+  pytest.param(lambda x: x.gelu(approximate="tanh") if hasattr(x, "gelu") else F.gelu(x, approximate="tanh"),
+               id="gelu(approximate=tanh)"),
+]
+
+
+@pytest.mark.parametrize("fn", TORCH_SPELLINGS)
+def test_torch_spellings(device, fn):
+  check_op(device, [(4, 5, 6)], fn, rtol=1e-4)
+
+
+@pytest.mark.parametrize("torch_fn, fg_fn", [
+  pytest.param(lambda: torch.arange(start=1, end=7, step=2), lambda d: Tensor.arange(start=1, end=7, step=2, device=d),
+               id="arange(end=)", marks=api_mismatch("arange names its bound stop, torch names it end")),
+  pytest.param(lambda: torch.zeros(size=(2, 3)), lambda d: Tensor.zeros(size=(2, 3), device=d), id="zeros(size=)",
+               marks=api_mismatch("zeros/ones have no size= keyword")),
+  pytest.param(lambda: torch.full(size=(2,), fill_value=3.0),
+               lambda d: Tensor.full(size=(2,), fill_value=3.0, device=d), id="full(size=,fill_value=)",
+               marks=api_mismatch("full names its shape argument shape, torch names it size")),
+  pytest.param(lambda: torch.ones((2, 3), dtype=torch.int32),
+               lambda d: Tensor.ones((2, 3), dtype=dtypes.int32, device=d), id="ones(tuple,dtype=)"),
+])
+def test_torch_creation_spellings(device, torch_fn, fg_fn):
+  assert_same(fg_fn(device), torch_fn(), device=device)
+
+
+@pytest.mark.xfail(reason="API mismatch with torch: Tensor.to takes only a device, not a dtype (use cast)",
+                   raises=TypeError, strict=True)
+def test_to_dtype(device):
+  check_op(device, [(3, 4)], lambda x: x.to(torch.float16), lambda x: x.to(dtypes.float16), atol=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -140,12 +140,12 @@ class Kernel:
     self.reshape_and_permute(split, order)
 
   def simplify_ones(self) -> None:
-    """Drop axes that are 1 in every access (keeping the region counts right)."""
+    """Drop axes that are 1 in every access (the leftovers of opts that consumed a whole axis)."""
     full = self.full_shape
     ones = [i for i, s in enumerate(full) if isinstance(s, int) and s == 1]
     if not ones: return
-    self.upcasted -= sum(1 for i in ones if i >= self.first_upcast)
-    self.local_dims -= sum(1 for i in ones if self.global_dims <= i < self.first_reduce)
+    # no region count changes: local, group and upcast axes are created with sizes > 1, so a size-1 axis is always a
+    # global or reduce leftover (and a reduce axis of size 1 no longer looks like one, so shapes can't tell regions)
     self.reshape_and_permute(lambda shape: tuple(s for i, s in enumerate(shape) if i not in ones), None)
 
   def simplify_merge_adjacent(self) -> None:

@@ -264,7 +264,7 @@ def test_tensor_core_lowering_on_python(dtype, cast_in_kernel):
   else:
     A, B = (LazyBuffer.from_numpy(x, dtype, "PYTHON") for x in (a, b))
   si = one_kernel(matmul(A, B).cast(dtypes.float32))
-  for opts in ([Opt(OptOps.TC, 0, 0)], [Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 3)]):
+  for opts in ([Opt(OptOps.TC, 0, 0)], [Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, 0, 2)], [Opt(OptOps.TC, 0, 0), Opt(OptOps.UNROLL, 0, 3)]):
     out, ck = run_with(si, "PYTHON", opts)
     assert sum(u.op is Ops.WMMA for u in ck.lin.uops) >= 1
     ref = a.astype(np.float64) @ b.astype(np.float64)
