@@ -34,17 +34,16 @@ def _raise_timeout(signum, frame):
   raise TimeoutError("test ran past its time limit (see tests/conftest.py)")
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
   marker = item.get_closest_marker("time_limit")
   limit = marker.args[0] if marker is not None else TIME_LIMIT_S
   if not hasattr(signal, "SIGALRM"):   # Windows: no alarms, no limit
-    yield
-    return
+    return (yield)
   previous = signal.signal(signal.SIGALRM, _raise_timeout)
   signal.setitimer(signal.ITIMER_REAL, limit)
   try:
-    yield
+    return (yield)
   finally:
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, previous)

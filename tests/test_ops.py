@@ -15,6 +15,8 @@ from fusegrad import Tensor, dtypes
 from helpers import ANY, GRID, INTS, NONZERO, POS, Domain, assert_same, check_op, make_array, torch_dtype
 
 NONZERO_INTS = Domain(-9, 9, nonzero=True)
+INF, NAN = float("inf"), float("nan")
+
 
 def op(name: str, torch_fn, fg_fn=None, domain=ANY, atol: float = 1e-5, rtol: float = 1e-5, marks=()):
   """A pytest.param of one op: torch function, fusegrad function (None: the same), input domain and tolerance."""
@@ -73,7 +75,6 @@ def edge(name: str, values: list[float], torch_fn, fg_fn=None, atol: float = 1e-
   return pytest.param(np.array(values, dtype=np.float32), torch_fn, fg_fn, atol, id=name)
 
 
-INF, NAN = float("inf"), float("nan")
 EDGE_VALUES = [
   edge("exp", [-100.0, -10.0, 0.0, 10.0, 88.0, 100.0, INF, -INF, NAN], lambda x: x.exp()),
   edge("log", [0.0, 1e-30, 1.0, 1e30, INF, -1.0], lambda x: x.log()),
@@ -266,7 +267,7 @@ def test_python_scalar_0d(device):
 
 def test_pow_edge_values(device):
   base = np.array([0.0, 0.0, 0.0, -2.0, -2.0, 2.0, -0.5, 1.0, -1.0], dtype=np.float32)
-  exponent = np.array([0.0, 2.0, -1.0, 3.0, 0.5, -2.0, 2.0, float("inf"), 2.0], dtype=np.float32)
+  exponent = np.array([0.0, 2.0, -1.0, 3.0, 0.5, -2.0, 2.0, INF, 2.0], dtype=np.float32)
   check_op(device, [base, exponent], lambda x, y: x ** y)
 
 
@@ -430,8 +431,6 @@ def test_bool_python_scalar(device, fn):
 PROMOTION_PAIRS = [("int32", "int64"), ("int32", "float32"), ("bool", "int32"), ("bool", "float32"),
                    ("float16", "float32"), ("int64", "float16"), ("uint8", "int8"), ("int8", "int16"),
                    ("uint8", "float32"), ("bool", "bool"), ("int64", "float32")]
-
-
 PROMOTION_OPS = {"add": lambda x, y: x + y, "mul": lambda x, y: x * y, "lt": lambda x, y: x < y}
 PROMOTION_CASES = [pytest.param(pair, PROMOTION_OPS[name], id=f"{name}-{pair[0]}-{pair[1]}")
                    for name in PROMOTION_OPS for pair in PROMOTION_PAIRS]

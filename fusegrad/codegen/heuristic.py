@@ -61,7 +61,9 @@ def _group_reduce(k: Kernel) -> None:
   if reduce_axis < k.first_reduce: return
   size = _int(k.full_shape[reduce_axis])
   contiguous = any(st.real_strides()[reduce_axis] == 1 for st in k.sts[1:])
-  if size is None or size < 128 or (out_size > 2048 and not contiguous): return
+  # an input broadcast along an output axis (matmul, conv) is reused across outputs: tile the outputs instead
+  reused = any(0 in st.real_strides()[:k.first_reduce] for st in k.sts[1:])
+  if size is None or size < 128 or (out_size > 2048 and (not contiguous or reused)): return
   for amount in (256, 128, 64, 32, 16):
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 
