@@ -139,6 +139,11 @@ def test_sign_grad_is_zero(device):
 # Binary elementwise ops, broadcasting and Python scalars
 
 BROADCAST = [(3, 1, 4), (5, 4)]
+# explicit inputs with ties: equal pairs (maximum/minimum), and repeated maxima and minima in rows and columns
+TIES_AB = [np.array([[1.0, -0.5, 2.0, 0.0], [0.5, 0.5, -1.0, 3.0]], np.float32),
+           np.array([[1.0, 0.5, 2.0, -1.0], [0.5, -2.0, -1.0, 3.0]], np.float32)]
+TIES = np.array([[1.0, 0.5, 1.0, -2.0, 1.0, 0.0], [-1.0, -1.0, 0.5, 0.5, -1.0, 0.25], [0.0, 2.0, 0.0, 2.0, 0.0, 2.0]],
+                np.float32)
 
 BINARY = [
   case("add", [(3, 4), (3, 4)], lambda a, b: a + b),
@@ -173,8 +178,8 @@ BINARY = [
   case("maximum_broadcast", BROADCAST, lambda a, b: a.maximum(b)),
   case("maximum_scalar", [(3, 4)], lambda a: torch.clamp(a, min=0.3), lambda a: a.maximum(0.3)),
   case("minimum_scalar", [(3, 4)], lambda a: torch.clamp(a, max=0.3), lambda a: a.minimum(0.3)),
-  case("maximum_ties", [(3, 4), (3, 4)], lambda a, b: torch.maximum(a, b), lambda a, b: a.maximum(b), domain=GRID),
-  case("minimum_ties", [(3, 4), (3, 4)], lambda a, b: torch.minimum(a, b), lambda a, b: a.minimum(b), domain=GRID),
+  case("maximum_ties", TIES_AB, lambda a, b: torch.maximum(a, b), lambda a, b: a.maximum(b)),
+  case("minimum_ties", TIES_AB, lambda a, b: torch.minimum(a, b), lambda a, b: a.minimum(b)),
   case("maximum_self", [(3, 4)], lambda a: torch.maximum(a, a), lambda a: a.maximum(a)),
   case("minimum_self", [(3, 4)], lambda a: torch.minimum(a, a), lambda a: a.minimum(a)),
   case("where", [(3, 4), (3, 4), (3, 4)], lambda c, a, b: torch.where(c > 0, a, b), lambda c, a, b: (c > 0).where(a, b)),
@@ -219,9 +224,13 @@ REDUCE = [
   case("min", [(3, 4, 5)], lambda x: x.amin(), lambda x: x.min()),
   case("min_axis", [(3, 4, 5)], lambda x: x.amin(2), lambda x: x.min(2)),
   case("min_keepdim", [(3, 4, 5)], lambda x: x.amin(0, keepdim=True), lambda x: x.min(0, keepdim=True)),
-  case("max_ties", [(3, 6)], lambda x: x.amax(1), lambda x: x.max(1), domain=Domain(-1, 1, discrete=True)),
-  case("max_ties_all", [(4, 4)], lambda x: x.amax(), lambda x: x.max(), domain=Domain(-1, 1, discrete=True)),
-  case("min_ties", [(3, 6)], lambda x: x.amin(0), lambda x: x.min(0), domain=Domain(-1, 1, discrete=True)),
+  case("max_ties", [TIES], lambda x: x.amax(1), lambda x: x.max(1)),
+  case("max_ties_keepdim_axis0", [TIES], lambda x: x.amax(0, keepdim=True), lambda x: x.max(0, keepdim=True)),
+  case("max_ties_all", [TIES], lambda x: x.amax(), lambda x: x.max()),
+  case("min_ties", [TIES], lambda x: x.amin(1), lambda x: x.min(1)),
+  case("min_ties_axis0", [TIES], lambda x: x.amin(0), lambda x: x.min(0)),
+  case("max_min_ties_all", [np.full((2, 3), 0.5, np.float32)], lambda x: x.amax() * 2 - x.amin(),
+       lambda x: x.max() * 2 - x.min()),
   case("std", [(3, 4, 5)], lambda x: x.std()),
   case("std_axis", [(3, 4, 5)], lambda x: x.std(1)),
   case("std_keepdim_corr0", [(3, 4, 5)], lambda x: x.std(-1, keepdim=True, correction=0)),

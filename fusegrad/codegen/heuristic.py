@@ -69,17 +69,21 @@ def _group_reduce(k: Kernel) -> None:
 
 
 def _upcast_broadcast_axes(k: Kernel) -> None:
-  """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast)."""
+  """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast), a
+  different axis each time where there is one: a 4x4 register tile of a matmul reuses each load 4 times."""
+  used: set[int] = set()
   for _ in range(2):
     if k.upcast_size() >= 16: return
     candidates = []
     for axis in range(k.first_reduce):
       size = _int(k.full_shape[axis])
-      if size is None or size % 4 != 0 or size <= 4 and axis < k.global_dims and size < 4: continue
-      broadcast = any(st.real_strides()[axis] == 0 for st in k.sts[1:])
-      if broadcast: candidates.append(axis)
+      if size is None or size % 4 != 0: continue
+      if any(st.real_strides()[axis] == 0 for st in k.sts[1:]): candidates.append(axis)
+    fresh = [a for a in candidates if a not in used]
     if not candidates: return
-    if not _try(k, Opt(OptOps.UPCAST, candidates[-1], 4)): return
+    axis = (fresh or candidates)[-1]
+    if not _try(k, Opt(OptOps.UPCAST, axis, 4)): return
+    used.add(axis)
 
 
 def _unroll_reduce(k: Kernel) -> None:
