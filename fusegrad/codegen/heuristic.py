@@ -60,9 +60,9 @@ def _group_reduce(k: Kernel) -> None:
   reduce_axis = k.first_upcast - 1
   if reduce_axis < k.first_reduce: return
   size = _int(k.full_shape[reduce_axis])
-  contiguous = any(st.real_strides()[reduce_axis] == 1 for st in k.sts[1:])
+  contiguous = any(st.real_strides()[reduce_axis] == 1 for st in k.load_sts())
   # an input broadcast along an output axis (matmul, conv) is reused across outputs: tile the outputs instead
-  reused = any(0 in st.real_strides()[:k.first_reduce] for st in k.sts[1:])
+  reused = any(0 in st.real_strides()[:k.first_reduce] for st in k.load_sts())
   if size is None or size < 128 or (out_size > 2048 and (not contiguous or reused)): return
   for amount in (256, 128, 64, 32, 16):
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
@@ -78,7 +78,7 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
     for axis in range(k.first_reduce):
       size = _int(k.full_shape[axis])
       if size is None or size % 4 != 0: continue
-      if any(st.real_strides()[axis] == 0 for st in k.sts[1:]): candidates.append(axis)
+      if any(st.real_strides()[axis] == 0 for st in k.load_sts()): candidates.append(axis)
     fresh = [a for a in candidates if a not in used]
     if not candidates: return
     axis = (fresh or candidates)[-1]

@@ -271,6 +271,10 @@ class Kernel:
     return (ms[-1], ns[-1], a, b) if ms and ns else None
 
   # ***** helpers for heuristics *****
+  def load_sts(self) -> list[ShapeTracker]:
+    """The views of the buffer loads (constants have views too, but no memory behind them)."""
+    return [st for a, st in zip(self.accesses, self.sts) if a.op is Ops.LOAD]
+
   def upcast_size(self) -> int: return int(prod(self.full_shape[i] for i in self.upcasted_axes()))
 
   def __repr__(self) -> str:
