@@ -782,7 +782,9 @@ class Tensor:
   swish = silu
   def relu6(self) -> Tensor: return self.hardtanh(0, 6)
   def hardsigmoid(self) -> Tensor: return self.hardtanh(-3, 3) / 6 + 0.5
-  def hardswish(self) -> Tensor: return self * (self + 3).clip(0, 6) / 6
+  def hardswish(self) -> Tensor:
+    """x * relu6(x + 3) / 6, with torch's gradient at the kinks (0 at -3, 1 at 3)."""
+    return (self <= -3).where(0, (self >= 3).where(self, self * (self + 3) / 6))
   def leakyrelu(self, neg_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * neg_slope)
   leaky_relu = leakyrelu
   def softsign(self) -> Tensor: return self / (1 + self.abs())
@@ -878,7 +880,10 @@ class Tensor:
 
   def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1, *, dim: Any = None,
           unbiased: bool | None = None) -> Tensor:
-    return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
+    var = self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased)
+    # where the variance is 0 the sqrt's gradient is infinite; torch's std gradient is 0 there, not NaN
+    zero = var == 0
+    return zero.where(0, zero.where(1, var).sqrt())
 
   def prod(self, axis: Any = None, keepdim: bool = False, *, dim: Any = None) -> Tensor:
     """Product over axis, by halving the axis with elementwise multiplies (log2(n) steps, exact for ints)."""

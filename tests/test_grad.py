@@ -106,10 +106,7 @@ UNARY = [
   unary("clamp_min_at_limit", lambda x: x.clamp(min=0.5), domain=GRID),
   unary("leakyrelu_at_kink", TF.leaky_relu, lambda x: x.leakyrelu(), domain=GRID),
   unary("elu_at_kink", TF.elu, lambda x: x.elu(), domain=GRID),
-  unary("hardswish_at_kinks", TF.hardswish, lambda x: x.hardswish(), domain=Domain(-4, 4, discrete=True),
-        marks=xfail("hardswish's grad at the kinks differs from torch: Tensor([-3., 3.]) -> hardswish().sum()"
-                    ".backward() gives grad [-0.5, 1.5]; torch gives [0, 1] (x * (x + 3).clip(0, 6) / 6 passes the "
-                    "clip's inclusive-limit grad through)")),
+  unary("hardswish_at_kinks", TF.hardswish, lambda x: x.hardswish(), domain=Domain(-4, 4, discrete=True)),
   unary("relu6_at_kinks", TF.relu6, lambda x: x.relu6(), domain=Domain(-1, 7, discrete=True)),
   # large magnitudes: no inf or nan may leak into the gradient
   unary("sigmoid_large", lambda x: x.sigmoid(), domain=Domain(-60, 60)),
@@ -255,9 +252,7 @@ REDUCE = [
   case("max_of_expanded", [(3, 1)], lambda x: x.expand(3, 4).amax(1), lambda x: x.expand(3, 4).max(1)),
   case("max_0d", [()], lambda x: x.amax(), lambda x: x.max()),
   case("sum_size1_axis", [(3, 1, 2)], lambda x: x.sum(1)),
-  case("std_corr0_size1", [(3, 1)], lambda x: x.std(1, correction=0) + x.sum(1),
-       marks=xfail("std's grad is nan where std is 0; torch defines it as 0: Tensor([2., 2., 2.], requires_grad=True)"
-                   ".std().backward() gives grad [nan, nan, nan], torch [0, 0, 0]")),
+  case("std_corr0_size1", [(3, 1)], lambda x: x.std(1, correction=0) + x.sum(1)),
   case("softmax_3d_middle", [(2, 4, 3)], lambda x: x.softmax(1)),
   case("softmax_large", [(3, 5)], lambda x: (x * 100).softmax(-1), domain=Domain(-1, 1)),
   case("log_softmax_large", [(3, 5)], lambda x: (x * 100).log_softmax(-1), domain=Domain(-1, 1)),
