@@ -54,7 +54,6 @@ def case(name: str, shapes: Sequence[Any], torch_fn: Callable, fg_fn: Callable |
   return pytest.param(shapes, torch_fn, fg_fn, domain, id=name, marks=marks)
 
 
-def xfail(reason: str) -> Any: return pytest.mark.xfail(reason=reason, strict=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
