@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from fusegrad import Tensor, GlobalCounters, Context
 from fusegrad.engine.schedule import create_schedule
+from fusegrad.engine.realize import get_program
 
 
 def kernels(t: Tensor) -> int:
@@ -94,3 +95,16 @@ def test_debug_levels_print_opts_source_and_uops(level, needle):
   with Context(DEBUG=level, NOCACHE=True), contextlib.redirect_stdout(buf):
     (a * 3 - 1).sum(0).realize()
   assert needle in buf.getvalue()
+
+
+def test_noopt_turns_the_heuristics_off():
+  """NOOPT=1 compiles the kernel with no opts; by default the heuristics apply some (and results agree)."""
+  a, b = inputs((64, 64), (64, 64))
+  si = create_schedule([(a @ b).lazydata])[0]
+  with Context(NOOPT=True):
+    plain = get_program(si.ast, "CPU", si)
+  tuned = get_program(si.ast, "CPU", si)
+  assert plain.opts == [] and tuned.opts != []
+  with Context(NOOPT=True):
+    want = (a @ b).numpy()
+  np.testing.assert_allclose((a @ b).numpy(), want, rtol=1e-5, atol=1e-5)
