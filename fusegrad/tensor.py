@@ -31,6 +31,12 @@ HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)
 def _fmt(shape: Sequence[Any]) -> str: return str(tuple(shape))
 
 
+def _keyword(op: str, kw: dict, name: str) -> Any:
+  """The one keyword a torch-style call may pass instead of positional arguments (`permute(dims=...)`)."""
+  if set(kw) != {name}: raise TypeError(f"{op}: expected positional arguments or {name}=, got keywords {sorted(kw)}")
+  return kw[name]
+
+
 def _device_arg(op: str, device: str | None) -> str | None:
   if device is None: return None
   try:
@@ -247,8 +253,20 @@ class Tensor:
   def __float__(self) -> float: return float(self.item())
   def __int__(self) -> int: return int(self.item())
 
-  def to(self, device: str) -> Tensor:
-    """This tensor on `device` (differentiable: the gradient moves back)."""
+  def to(self, device: Any = None, dtype: Any = None) -> Tensor:
+    """This tensor on `device` and/or as `dtype` (`x.to("CPU")`, `x.to(dtypes.half)`, `x.to("CPU", dtypes.half)`),
+    as torch's `to`; differentiable: the gradient moves back."""
+    if device is not None and not isinstance(device, str): device, dtype = None, device
+    out = self if dtype is None else self.cast(dtype)
+    return out if device is None else out._to_device(device)
+
+  @property
+  def mT(self) -> Tensor:
+    """The last two dims swapped (batched transpose), as torch's `mT`."""
+    if self.ndim < 2: raise ValueError(f"mT: needs at least 2 dims, got a {self.ndim}-d tensor")
+    return self.transpose(-2, -1)
+
+  def _to_device(self, device: str) -> Tensor:
     dev = _device_arg("to", device)
     return self if dev == self.device else F.Copy.apply(self, device=dev)
 
@@ -356,10 +374,11 @@ class Tensor:
     return Tensor(LazyBuffer.const(value, dtype, shape, _device_arg("full", device) or Device.DEFAULT))
 
   @staticmethod
-  def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: Any = None, device: str | None = None,
-           requires_grad: bool | None = None) -> Tensor:
-    """A tensor of one value (a constant in kernels, no memory). The dtype defaults to fill_value's, as torch."""
-    shape = _shape_arg("full", (shape,))
+  def full(shape: tuple[int, ...] | int = None, fill_value: Scalar = None, dtype: Any = None, device: str | None = None,
+           requires_grad: bool | None = None, *, size: tuple[int, ...] | int = None) -> Tensor:
+    """A tensor of one value (a constant in kernels, no memory). The dtype defaults to fill_value's, as torch.
+    `size=` names the shape too, as in torch."""
+    shape = _shape_arg("full", (size if shape is None else shape,))
     if not isinstance(fill_value, (bool, int, float)):
       raise TypeError(f"full: fill_value must be a Python number, got {type(fill_value).__name__}")
     dt = _dtype_arg("full", dtype) or dtypes.from_py(fill_value)
@@ -367,13 +386,15 @@ class Tensor:
     return out.requires_grad_(requires_grad) if requires_grad is not None else out
 
   @staticmethod
-  def zeros(*shape: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-    return Tensor.full(_shape_arg("zeros", shape), 0.0, _dtype_arg("zeros", dtype) or dtypes.default_float, device,
+  def zeros(*shape: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None,
+            size: Any = None) -> Tensor:
+    return Tensor.full(_shape_arg("zeros", (size,) if size is not None else shape), 0.0, _dtype_arg("zeros", dtype) or dtypes.default_float, device,
                        requires_grad)
 
   @staticmethod
-  def ones(*shape: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-    return Tensor.full(_shape_arg("ones", shape), 1.0, _dtype_arg("ones", dtype) or dtypes.default_float, device,
+  def ones(*shape: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None,
+           size: Any = None) -> Tensor:
+    return Tensor.full(_shape_arg("ones", (size,) if size is not None else shape), 1.0, _dtype_arg("ones", dtype) or dtypes.default_float, device,
                        requires_grad)
 
   @staticmethod
@@ -384,8 +405,10 @@ class Tensor:
 
   @staticmethod
   def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None,
-             device: str | None = None) -> Tensor:
-    """start, start+step, ... below stop. int64 when every argument is an int, else float32, as torch."""
+             device: str | None = None, *, end: Scalar | None = None) -> Tensor:
+    """start, start+step, ... below stop (torch's `end=` works too). int64 when every argument is an int, else
+    float32, as torch."""
+    stop = end if stop is None else stop
     if stop is None: start, stop = 0, start
     if not all(isinstance(v, (int, float)) for v in (start, stop, step)):
       raise TypeError(f"arange: start, stop and step must be Python numbers, got {start!r}, {stop!r}, {step!r}")
@@ -573,9 +596,10 @@ class Tensor:
     if a.dtype is dtypes.bool: raise TypeError("mod: not supported for bool tensors")
     return F.Mod.apply(a, b)
 
-  def pow(self, x: TensorOrScalar, reverse: bool = False) -> Tensor:
+  def pow(self, x: TensorOrScalar = None, reverse: bool = False, *, exponent: TensorOrScalar = None) -> Tensor:
     """self ** x. Scalar exponents 2, 0.5, -0.5, -1 take cheaper paths; an int tensor to a nonnegative int power is
     exact (repeated squaring); a negative base to an integer power works, as in torch."""
+    x = exponent if x is None else x
     if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool):
       fast = self._pow_scalar(x)
       if fast is not None: return fast
@@ -698,9 +722,9 @@ class Tensor:
       raise TypeError(f"where: x and y are Tensors or Python numbers, got a {type(x).__name__}")
     return self._scalar(x, dtypes.from_py(x))
 
-  def maximum(self, x: TensorOrScalar) -> Tensor:
-    """Elementwise max; equal elements share the gradient (as torch)."""
-    a, b = self._operands("maximum", x)
+  def maximum(self, x: TensorOrScalar = None, *, other: TensorOrScalar = None) -> Tensor:
+    """Elementwise max; equal elements share the gradient (as torch). `other=` works too."""
+    a, b = self._operands("maximum", other if x is None else x)
     return F.Maximum.apply(a, b)
 
   def minimum(self, x: TensorOrScalar) -> Tensor:
@@ -971,9 +995,9 @@ class Tensor:
     return (inner + before.unsqueeze(-1)).reshape(*lead, nb * block).shrink(keep + ((0, n),))
 
   # ***** movement *****
-  def reshape(self, *shape: Any) -> Tensor:
-    """A view of the same elements in a new shape; one dim may be -1 (inferred)."""
-    new = argfix(*shape)
+  def reshape(self, *shape: Any, **kw: Any) -> Tensor:
+    """A view of the same elements in a new shape; one dim may be -1 (inferred). `shape=` works too, as torch."""
+    new = argfix(_keyword("reshape", kw, "shape")) if kw else argfix(*shape)
     if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in new):
       raise TypeError(f"reshape: a shape is ints, got {new!r}")
     new = tuple(int(s) for s in new)
@@ -992,8 +1016,8 @@ class Tensor:
 
   view = reshape
 
-  def permute(self, *order: Any) -> Tensor:
-    order = argfix(*order)
+  def permute(self, *order: Any, **kw: Any) -> Tensor:
+    order = argfix(_keyword("permute", kw, "dims")) if kw else argfix(*order)
     if len(order) != self.ndim:
       raise ValueError(f"permute: {_fmt(order)} is not a permutation of the {self.ndim} dims of a "
                        f"{_fmt(self.shape)} tensor")
@@ -1003,9 +1027,9 @@ class Tensor:
                        f"{_fmt(self.shape)} tensor")
     return self if norm == tuple(range(self.ndim)) else F.Permute.apply(self, order=norm)
 
-  def expand(self, *shape: Any) -> Tensor:
+  def expand(self, *shape: Any, **kw: Any) -> Tensor:
     """Repeat size-1 dims (no copy); -1 keeps a dim; new dims may be added in front, as torch."""
-    new = argfix(*shape)
+    new = argfix(_keyword("expand", kw, "size")) if kw else argfix(*shape)
     if len(new) < self.ndim:
       raise ValueError(f"expand: can't expand {_fmt(self.shape)} to {_fmt(new)}: fewer dims than the tensor")
     lead = len(new) - self.ndim
@@ -1067,8 +1091,9 @@ class Tensor:
                          f"0 <= start <= end <= {s})")
     return self if all(p == (0, s) for p, s in zip(pairs, self.shape)) else F.Shrink.apply(self, arg=pairs)
 
-  def flip(self, *dims: Any) -> Tensor:
-    axes = tuple(_axis("flip", d, self.ndim) for d in argfix(*dims))
+  def flip(self, *dims: Any, **kw: Any) -> Tensor:
+    dims = argfix(_keyword("flip", kw, "dims")) if kw else argfix(*dims)
+    axes = tuple(_axis("flip", d, self.ndim) for d in dims)
     if len(set(axes)) != len(axes): raise ValueError(f"flip: dims {dims} name a dim more than once")
     return F.Flip.apply(self, axis=axes) if axes and self.ndim else self
 
