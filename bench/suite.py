@@ -8,7 +8,6 @@ Python scheduling around them. Results go to bench/results/<device>-<date>.json 
 from __future__ import annotations
 import datetime
 import json
-import os
 import pathlib
 import statistics
 import subprocess
@@ -17,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 import numpy as np
-from fusegrad import Tensor, dtypes
+from fusegrad import Tensor
 from fusegrad.config import Context
 from fusegrad.device import Device
 from fusegrad.engine.schedule import create_schedule

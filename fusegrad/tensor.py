@@ -388,13 +388,15 @@ class Tensor:
   @staticmethod
   def zeros(*shape: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None,
             size: Any = None) -> Tensor:
-    return Tensor.full(_shape_arg("zeros", (size,) if size is not None else shape), 0.0, _dtype_arg("zeros", dtype) or dtypes.default_float, device,
+    shape = _shape_arg("zeros", (size,) if size is not None else shape)
+    return Tensor.full(shape, 0.0, _dtype_arg("zeros", dtype) or dtypes.default_float, device,
                        requires_grad)
 
   @staticmethod
   def ones(*shape: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None,
            size: Any = None) -> Tensor:
-    return Tensor.full(_shape_arg("ones", (size,) if size is not None else shape), 1.0, _dtype_arg("ones", dtype) or dtypes.default_float, device,
+    shape = _shape_arg("ones", (size,) if size is not None else shape)
+    return Tensor.full(shape, 1.0, _dtype_arg("ones", dtype) or dtypes.default_float, device,
                        requires_grad)
 
   @staticmethod

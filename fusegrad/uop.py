@@ -270,7 +270,8 @@ def Variable(name: str, vmin: int, vmax: int, dtype: DType = dtypes.index) -> UO
   return UOp(Ops.DEFINE_VAR, dtype, (), VarArg(name, vmin, vmax))
 
 
-def sint_to_uop(x: int | UOp, dtype: DType = dtypes.index) -> UOp: return x if isinstance(x, UOp) else UOp.const(dtype, x)
+def sint_to_uop(x: int | UOp, dtype: DType = dtypes.index) -> UOp:
+  return x if isinstance(x, UOp) else UOp.const(dtype, x)
 
 
 # ***** ALU semantics (constant folding, the PYTHON backend, evaluate) *****

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from fusegrad.helpers import prod, dedup
-from fusegrad.dtype import dtypes
 from fusegrad.uop import UOp, Ops
 from fusegrad.shape.shapetracker import ShapeTracker
 from fusegrad.renderer.cstyle import Renderer
@@ -103,7 +102,8 @@ class Kernel:
   def unrolled_axes(self) -> list[int]: return [i for i in self.upcasted_axes() if self._is_reduce_axis(i)]
 
   def colors(self) -> list[str]:
-    """One color per axis, as DEBUG prints it: blue global, cyan local, green group, red reduce, yellow/magenta upcast."""
+    """One color per axis, as DEBUG prints it: blue global, cyan local, green group, red reduce, yellow upcast,
+    magenta unrolled reduce."""
     out = ["blue"] * self.global_dims + ["cyan"] * self.local_dims + ["green"] * self.group_for_reduces
     out += ["red"] * (self.first_upcast - self.first_reduce - self.group_for_reduces)
     out += ["magenta" if self._is_reduce_axis(i) else "yellow" for i in self.upcasted_axes()]
@@ -219,7 +219,8 @@ class Kernel:
     elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
       _check(self.reduceop is not None and self.group_for_reduces == 0, f"{opt}: needs a reduce, grouped once")
       _check(amount <= self.opts.local_max_threads, f"{opt}: group of {amount} exceeds the block size limit")
-      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP, insert_before=self.first_reduce + self.group_for_reduces)
+      self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP,
+                    insert_before=self.first_reduce + self.group_for_reduces)
       self.group_for_reduces += 1
     else:
       raise KernelOptError(f"{opt}: {opt.op.name} is not supported on this kernel")
@@ -266,8 +267,9 @@ class Kernel:
   def _tc_axes(self, a: UOp, b: UOp):
     sa, sb = self.sts[self.accesses.index(a)].real_strides(), self.sts[self.accesses.index(b)].real_strides()
     fs = self.full_shape
-    ms = [i for i in range(self.first_reduce) if sa[i] != 0 and sb[i] == 0 and isinstance(fs[i], int) and fs[i] % 16 == 0]
-    ns = [i for i in range(self.first_reduce) if sa[i] == 0 and sb[i] != 0 and isinstance(fs[i], int) and fs[i] % 8 == 0]
+    fits = [isinstance(s, int) for s in fs]
+    ms = [i for i in range(self.first_reduce) if sa[i] != 0 and sb[i] == 0 and fits[i] and fs[i] % TC_M == 0]
+    ns = [i for i in range(self.first_reduce) if sa[i] == 0 and sb[i] != 0 and fits[i] and fs[i] % TC_N == 0]
     return (ms[-1], ns[-1], a, b) if ms and ns else None
 
   # ***** helpers for heuristics *****

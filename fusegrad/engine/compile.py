@@ -43,5 +43,7 @@ def render_kernel(k: Kernel, device: str) -> KernelSource:
   if config.DEBUG >= 3: print(f"{colored(name, 'cyan')} opts: {k.applied_opts}")
   if config.DEBUG >= 4: print(src)
   if config.DEBUG >= 5:
-    for i, u in enumerate(lin.uops): print(f"{i:4d} {u.op.name:<14} {u.dtype.name:<12} {u.arg if u.arg is not None else ''}")
+    for i, u in enumerate(lin.uops):
+      print(f"{i:4d} {u.op.name:<14} {u.dtype.name:<12} {[lin.uops.index(s) for s in u.src]} "
+            f"{u.arg if u.arg is not None else ''}")
   return KernelSource(name, lin, src, dev.compiler.compile_cached(src))

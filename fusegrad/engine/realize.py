@@ -9,12 +9,12 @@ import contextlib
 import time
 from dataclasses import dataclass
 from fusegrad.config import config
-from fusegrad.helpers import GlobalCounters, colored, to_function_name, ansilen
+from fusegrad.helpers import GlobalCounters, colored, ansilen
 from fusegrad.uop import UOp, Ops
 from fusegrad.device import Device, Buffer
 from fusegrad.codegen.kernel import Kernel, Opt
 from fusegrad.codegen.linearizer import LinearProgram
-from fusegrad.engine.compile import kernel_for, render_kernel, KernelSource
+from fusegrad.engine.compile import kernel_for, render_kernel
 from fusegrad.engine.search import beam_search
 from fusegrad.engine.schedule import ScheduleItem
 
@@ -91,7 +91,8 @@ def _print_kernel_line(ck: CompiledKernel, elapsed: float, gsz, lsz) -> None:
   pad = max(0, 36 - ansilen(ck.display_name))
   dims = f"{list(gsz)} {list(lsz)}" if gsz is not None else "loops"
   print(f"*** {ck.device:<6} {GlobalCounters.kernel_count:4d} {ck.display_name}{' ' * pad} {dims:<22} "
-        f"tm {elapsed * 1e6:9.2f}us ({ops / max(elapsed, 1e-9) / 1e9:8.2f} GFLOP/s {mem / max(elapsed, 1e-9) / 1e9:7.2f} GB/s)"
+        f"tm {elapsed * 1e6:9.2f}us ({ops / max(elapsed, 1e-9) / 1e9:8.2f} GFLOP/s "
+        f"{mem / max(elapsed, 1e-9) / 1e9:7.2f} GB/s)"
         f"  opts {len(ck.opts)}")
 
 

@@ -8,7 +8,7 @@ bfloat16 values live in `float` registers and are stored as 16-bit patterns.
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.dtype import DType, dtypes
 from fusegrad.uop import UOp, Ops, GroupOp
 
 
@@ -138,7 +138,6 @@ class CStyleRenderer(Renderer):
     return f"*(({dt.name}*)({ptr}+{idx})) = {val};"
   def gep(self, vec: str, lane: int) -> str: return f"{vec}[{lane}]"
   def cast(self, u: UOp, val: str) -> str:
-    src = u.src[0].dtype
     if self.soft16(u.dtype): return f"fg_{self.soft16(u.dtype)}_round((float)({val}))"
     if u.dtype is dtypes.bool: return f"(({val})!=0)"
     return f"(({self.type_name(u.dtype)})({val}))"

@@ -10,7 +10,7 @@ import time
 import pickle
 import numpy as np
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, pretty
+from fusegrad.uop import UOp, Ops, GroupOp
 from fusegrad.device import Allocator, Compiler, Compiled
 from fusegrad.renderer.cstyle import Renderer
 from fusegrad.codegen.tensor_cores import a_pos, b_pos, c_pos, M, N, K
@@ -41,7 +41,8 @@ class PythonCompiler(Compiler):
 class PythonAllocator(Allocator):
   def alloc(self, nbytes: int) -> np.ndarray: return np.zeros(nbytes, dtype=np.uint8)
   def copyin(self, handle: np.ndarray, src: memoryview) -> None: np.copyto(handle, np.frombuffer(src, dtype=np.uint8))
-  def copyout(self, dest: memoryview, handle: np.ndarray) -> None: np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
+  def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
+    np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
 
 
 def _np(dt: DType):
