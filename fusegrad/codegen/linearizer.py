@@ -58,6 +58,17 @@ def _grouped_specials(prefix: str, sizes: list, max_dims: int, first: int) -> li
   return out[::-1] + specials[1:]
 
 
+MAX_PARTIAL_ACCS = 16   # up to this many lanes, unrolled reduce lanes accumulate separately
+
+
+def _tree(op: Ops, dtype: DType, parts: list[UOp]) -> UOp:
+  """Combine partial results pairwise (a balanced tree keeps the dependency chain short)."""
+  while len(parts) > 1:
+    parts = [UOp(op, dtype, (parts[i], parts[i + 1])) if i + 1 < len(parts) else parts[i]
+             for i in range(0, len(parts), 2)]
+  return parts[0]
+
+
 class Lowerer:
   """Builds the lane-wise UOp graph of one Kernel (step 2)."""
 
@@ -241,17 +252,23 @@ class Lowerer:
                  loops: tuple[UOp, ...]) -> dict:
     """DEFINE_ACC per output lane, updated through PHI by every lane's value (in lane order). Each PHI names the
     reduce loops it runs in (after its two sources), so placement keeps the update inside them even when the
-    value added does not depend on them."""
+    value added does not depend on them. When there are few lanes, unrolled reduce lanes get accumulators of their
+    own, combined after the loop: independent chains instead of one chain of dependent adds per output."""
+    split = len(self.lanes) <= MAX_PARTIAL_ACCS and len(set(lanes_to_acc.values())) < len(self.lanes)
+    acc_of = {ln: ln for ln in self.lanes} if split else lanes_to_acc
     accs: dict[tuple, UOp] = {}
-    for key in dict.fromkeys(lanes_to_acc.values()):
+    for key in dict.fromkeys(acc_of.values()):
       accs[key] = UOp(Ops.DEFINE_ACC, dtype, (self.reduce_identity(op, dtype),) + enclosing, self.acc_count)
       self.acc_count += 1
     for ln, val in zip(self.lanes, values):
-      key = lanes_to_acc[ln]
+      key = acc_of[ln]
       if val is None: continue
       new = UOp(op, dtype, (accs[key], val))
       accs[key] = UOp(Ops.PHI, dtype, (accs[key], new) + loops)
-    return accs
+    if not split: return accs
+    partials: dict[tuple, list[UOp]] = {}
+    for ln in self.lanes: partials.setdefault(lanes_to_acc[ln], []).append(accs[ln])
+    return {key: _tree(op, dtype, parts) for key, parts in partials.items()}
 
   def lower_reduce(self, red: UOp, idxs):
     k = self.k
