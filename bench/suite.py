@@ -69,6 +69,17 @@ def _pick(np_fn, torch_fn, fg_fn):
 def _matmul(a, b): return a @ b
 
 
+def _np_conv2d(x, w):
+  """3x3, stride 1, padding 1 convolution in numpy (sliding windows + einsum), the numpy peer and the check."""
+  xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+  windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+  return np.einsum("nchwij,ocij->nohw", windows, w, optimize=True)
+
+
+def _conv_inputs(s, dtype=np.float32):
+  return [_rand(s[0], 64, 56, 56, dtype=dtype), (_rand(64, 64, 3, 3) * 0.05).astype(dtype)]
+
+
 CASES = [
   Case("ew_fused", {"CPU": (1 << 22,), "CUDA": (1 << 24,)},
        _pick(lambda a, b, c: np.maximum(a * b + c, 0), lambda a, b, c: (a * b + c).relu(),
@@ -87,6 +98,14 @@ CASES = [
        lambda s: [_rand(*s)], lambda s: 7 * s[0] * s[1], lambda s: 8 * s[0] * s[1]),
   Case("matmul_fp32", {"CPU": (1024,), "CUDA": (4096,)}, _pick(_matmul, _matmul, _matmul),
        lambda s: [_rand(s[0], s[0]), _rand(s[0], s[0])], lambda s: 2 * s[0] ** 3, lambda s: 12 * s[0] ** 2),
+  Case("conv2d", {"CPU": (8,), "CUDA": (32,)},
+       _pick(_np_conv2d, lambda x, w: torch.nn.functional.conv2d(x, w, padding=1), lambda x, w: x.conv2d(w, padding=1)),
+       lambda s: _conv_inputs(s, np.float32), lambda s: 2 * s[0] * 64 * 64 * 9 * 56 * 56,
+       lambda s: 4 * (2 * s[0] * 64 * 56 * 56 + 64 * 64 * 9)),
+  Case("conv2d_fp16", {"CUDA": (32,)},
+       _pick(_np_conv2d, lambda x, w: torch.nn.functional.conv2d(x, w, padding=1), lambda x, w: x.conv2d(w, padding=1)),
+       lambda s: _conv_inputs(s, np.float16), lambda s: 2 * s[0] * 64 * 64 * 9 * 56 * 56,
+       lambda s: 2 * (2 * s[0] * 64 * 56 * 56 + 64 * 64 * 9)),
   Case("matmul_fp16", {"CUDA": (8192,)}, _pick(_matmul, _matmul, _matmul),
        lambda s: [_rand(s[0], s[0], dtype=np.float16), _rand(s[0], s[0], dtype=np.float16)],
        lambda s: 2 * s[0] ** 3, lambda s: 6 * s[0] ** 2, dtype="float16"),
@@ -140,6 +159,7 @@ def check_small(case: Case, device: str) -> float:
   small = tuple(min(s, 64) if len(case.shapes.get("CPU", case.shapes.get("CUDA"))) > 1 else 4096 for s in
                 next(iter(case.shapes.values())))
   if case.name.startswith("matmul"): small = (64,)
+  if case.name.startswith("conv2d"): small = (1,)
   inputs = case.inputs(small)
   ref = np.asarray(case.make(np, *[x.astype(np.float64) for x in inputs]), dtype=np.float64)
   got = case.make(Tensor, *[Tensor(x, device=device) for x in inputs]).numpy().astype(np.float64)

@@ -244,12 +244,16 @@ class Kernel:
     _check(not self.applied_opts and not self.dont_use_locals, "TC: must be the first opt, on a kernel with locals")
     loads = match_matmul(self.reduceop)
     _check(loads is not None, "TC: the reduce is not a sum of products of two float16/bfloat16 loads")
-    _check(self.first_upcast - self.first_reduce == 1, "TC: needs exactly one reduce axis")
     a, b, dtype_in = loads
-    k_axis = self.first_reduce
     axes = self._tc_axes(a, b) or self._tc_axes(b, a)
     _check(axes is not None, f"TC: no M/N axes divisible by {TC_M}/{TC_N} in {self.full_shape}")
-    _check(self.full_shape[k_axis] % TC_K == 0, f"TC: reduce size {self.full_shape[k_axis]} is not a multiple of 16")
+    # K: a reduce axis along which both operands move, a multiple of 16 (the rest stay reduce loops, as in a conv)
+    sa, sb = (self.sts[self.accesses.index(x)].real_strides() for x in axes[2:])
+    fs = self.full_shape
+    ks = [r for r in range(self.first_reduce, self.first_upcast)
+          if isinstance(fs[r], int) and fs[r] % TC_K == 0 and sa[r] != 0 and sb[r] != 0]
+    _check(bool(ks), f"TC: no reduce axis of {fs} is a multiple of 16 along which both operands move")
+    k_rel = ks[-1] - self.first_reduce
     m_axis, n_axis, a, b = axes
     self.shift_to(m_axis, 8, insert_before=self.first_reduce)      # g: 8 threads
     self.local_dims += 1
@@ -259,7 +263,7 @@ class Kernel:
     self.local_dims += 1
     self.shift_to(m_axis, 2)                                        # mh: 2 lanes, after nl
     self.upcasted += 1
-    self.shift_to(self.first_reduce, TC_K)                          # k: 16, unrolled
+    self.shift_to(self.first_reduce + k_rel, TC_K)                  # k: 16, unrolled
     self.upcasted += 1
     self.simplify_ones()
     self.tensor_core = TCPlan(a, b, dtype_in)

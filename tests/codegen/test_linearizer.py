@@ -7,6 +7,8 @@ verify_uops. Each Opt is also checked, alone and in combinations, against the un
 import itertools
 import numpy as np
 import pytest
+import torch
+from fusegrad import Tensor
 from fusegrad.dtype import dtypes
 from fusegrad.uop import Ops, Variable
 from fusegrad.lazy import LazyBuffer
@@ -269,3 +271,20 @@ def test_tensor_core_lowering_on_python(dtype, cast_in_kernel):
     assert sum(u.op is Ops.WMMA for u in ck.lin.uops) >= 1
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.linalg.norm(out.reshape(ref.shape) - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+def test_tensor_cores_for_a_half_conv2d(dtype):
+  """A conv's sum over (cin, kh, kw) maps onto tensor cores with K = cin and kh, kw as reduce loops (padding gates
+  the fragment loads); heuristics pick TC by default and the result matches float64 within 1e-2."""
+  rng = np.random.default_rng(2)
+  x, w = rng.standard_normal((16, 16, 6, 6)).astype(np.float32), rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+  out = Tensor(x, device="PYTHON").cast(dtype).conv2d(Tensor(w, device="PYTHON").cast(dtype), padding=1).float()
+  si = one_kernel(out.lazydata)
+  k = kernel_for(si.ast, "PYTHON")
+  assert k.tensor_core is not None
+  got, ck = run_with(si, "PYTHON", None)
+  assert sum(u.op is Ops.WMMA for u in ck.lin.uops) >= 1
+  ref = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                                   padding=1).numpy()
+  assert np.linalg.norm(got.reshape(ref.shape) - ref) / np.linalg.norm(ref) < 1e-2

@@ -73,3 +73,13 @@ def test_reductions_and_softmax_on_gpu():
   np.testing.assert_allclose(t.sum().numpy(), x.sum(), rtol=1e-4)
   e = np.exp(x - x.max(1, keepdims=True))
   np.testing.assert_allclose(t.softmax().numpy(), e / e.sum(1, keepdims=True), rtol=1e-4, atol=1e-6)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+def test_tensor_core_conv2d_on_gpu(dtype):
+  rng = np.random.default_rng(3)
+  x, w = rng.standard_normal((16, 32, 10, 10)).astype(np.float32), rng.standard_normal((16, 32, 3, 3)).astype(np.float32)
+  got = Tensor(x, device="CUDA").cast(dtype).conv2d(Tensor(w, device="CUDA").cast(dtype), padding=1).float().numpy()
+  ref = Tensor(x.astype(np.float64), device="CPU").conv2d(Tensor(w.astype(np.float64), device="CPU"), padding=1).numpy()
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
