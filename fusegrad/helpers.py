@@ -10,7 +10,7 @@ import os
 import pathlib
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from fusegrad.config import config
@@ -26,6 +26,23 @@ def prod(xs: Iterable[Any]) -> Any:
   """Product of xs; 1 when empty. Works for any objects supporting `*` (a single item is returned unchanged)."""
   items = list(xs)
   return functools.reduce(operator.mul, items) if items else 1
+
+
+def toposort(root: T, sources: Callable[[T], Iterable[T]]) -> list[T]:
+  """Every node reachable from `root` through `sources`, each after its sources (root last). Iterative, so deep
+  graphs (long lazy chains, long autograd tapes) don't hit the recursion limit."""
+  order: list[T] = []
+  seen: set[int] = set()
+  stack: list[tuple[T, bool]] = [(root, False)]
+  while stack:
+    node, expanded = stack.pop()
+    if expanded:
+      order.append(node)
+    elif id(node) not in seen:
+      seen.add(id(node))
+      stack.append((node, True))
+      stack.extend((s, False) for s in reversed(list(sources(node))) if id(s) not in seen)
+  return order
 
 
 def all_same(xs: Sequence[Any]) -> bool:

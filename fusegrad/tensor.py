@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 import numpy as np
-from fusegrad.helpers import argfix, prod, make_pair, flatten, all_int
+from fusegrad.helpers import argfix, prod, make_pair, flatten, all_int, toposort
 from fusegrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.device import Device
 from fusegrad.uop import Ops
@@ -312,19 +312,8 @@ class Tensor:
       Tensor.training = saved
 
   def _toposort(self) -> list[Tensor]:
-    """Tensors on the tape that lead to self, each after its parents. Iterative: tapes can be long."""
-    order: list[Tensor] = []
-    seen: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(self, False)]
-    while stack:
-      t, expanded = stack.pop()
-      if expanded:
-        order.append(t)
-      elif id(t) not in seen:
-        seen.add(id(t))
-        stack.append((t, True))
-        if t._ctx is not None: stack.extend((p, False) for p in t._ctx.parents)
-    return order
+    """Tensors on the tape that lead to self, each after its parents."""
+    return toposort(self, lambda t: t._ctx.parents if t._ctx is not None else ())
 
   def backward(self, gradient: Tensor | None = None, retain_graph: bool = False) -> Tensor:
     """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad. A non-scalar needs `gradient`

@@ -15,6 +15,7 @@ from enum import Enum, auto
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from fusegrad.dtype import DType, dtypes, truncate
+from fusegrad.helpers import toposort
 
 
 class Ops(Enum):
@@ -126,20 +127,8 @@ class UOp:
 
   # ***** graph helpers *****
   def toposort(self) -> list[UOp]:
-    """All nodes this one depends on (itself included), each after its sources. Iterative: graphs may be deep."""
-    order: list[UOp] = []
-    seen: set[int] = set()
-    stack: list[tuple[UOp, bool]] = [(self, False)]
-    while stack:
-      node, expanded = stack.pop()
-      if expanded:
-        order.append(node)
-        continue
-      if id(node) in seen: continue
-      seen.add(id(node))
-      stack.append((node, True))
-      stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
-    return order
+    """All nodes this one depends on (itself included), each after its sources."""
+    return toposort(self, lambda u: u.src)
 
   def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
     """Replace nodes by others everywhere below this one (no simplification)."""

@@ -179,10 +179,9 @@ class Kernel:
     self.applied_opts.append(opt)
 
   def _real_axis(self, opt: Opt) -> int:
-    if opt.op in (OptOps.UNROLL,): base, count = self.first_reduce + self.group_for_reduces, \
-        self.first_upcast - self.first_reduce - self.group_for_reduces
-    elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP): base, count = self.first_reduce + self.group_for_reduces, \
-        self.first_upcast - self.first_reduce - self.group_for_reduces
+    if opt.op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):   # the reduce loops after any group axes
+      base = self.first_reduce + self.group_for_reduces
+      count = self.first_upcast - base
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL): base, count = 0, self.global_dims
     else: base, count = 0, self.first_reduce
     _check(opt.axis is not None and 0 <= opt.axis < count,

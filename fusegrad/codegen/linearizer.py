@@ -167,9 +167,10 @@ class Lowerer:
   def can_vectorize(self, accesses: list[tuple[UOp, UOp]], width: int) -> bool:
     (idx0, valid0) = accesses[0]
     if any(v is not valid0 for _, v in accesses): return False
-    if simplify(idx0 % width).op is not Ops.CONST or simplify(idx0 % width).arg != 0: return False
-    return all(simplify(idx - idx0).op is Ops.CONST and simplify(idx - idx0).arg == i
-               for i, (idx, _) in enumerate(accesses))
+    def is_const(x: UOp, value: int) -> bool:
+      x = simplify(x)
+      return x.op is Ops.CONST and x.arg == value
+    return is_const(idx0 % width, 0) and all(is_const(idx - idx0, i) for i, (idx, _) in enumerate(accesses))
 
   def emit_load(self, buf: UOp, access: tuple[UOp, UOp], dtype: DType, barrier: UOp | None) -> UOp:
     idx, valid = access

@@ -70,7 +70,7 @@ def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> Compil
 
 def run_kernel(ck: CompiledKernel, bufs: tuple[Buffer, ...], var_vals: dict[UOp, int]) -> float:
   vals = tuple(var_vals[v] for v in ck.lin.vars)
-  gsz, lsz = _launch_dims(ck.lin, var_vals)
+  gsz, lsz = ck.lin.global_size, ck.lin.local_size
   handles = [b.allocate()._handle for b in bufs]
   wait = config.DEBUG >= 2
   elapsed = ck.program(handles, vals, gsz, lsz, wait=wait)
@@ -80,10 +80,6 @@ def run_kernel(ck: CompiledKernel, bufs: tuple[Buffer, ...], var_vals: dict[UOp,
   GlobalCounters.time_sum_s += elapsed or 0.0
   if config.DEBUG >= 2: _print_kernel_line(ck, elapsed or 0.0, gsz, lsz)
   return elapsed
-
-
-def _launch_dims(lin: LinearProgram, var_vals: dict[UOp, int]):
-  return lin.global_size, lin.local_size
 
 
 def _print_kernel_line(ck: CompiledKernel, elapsed: float, gsz, lsz) -> None:
