@@ -397,13 +397,12 @@ def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict) -> None
   for p in nodes:
     if p.op is not Ops.PHI or len(p.src) <= 2: continue
     target = _merge_chains([place[p]] + [seen_as[lp] for lp in p.src[2:]], p)
-    prev = p.src[0]
-    chain, stack = [], [p.src[1]]
-    while stack:
-      m = stack.pop()
-      if m is prev or m in chain or prev not in m.toposort(): continue
-      chain.append(m)
-      stack.extend(m.src)
+    # the chain: nodes under the update that depend on the previous accumulator value (one walk, sources first)
+    prev, reaches, chain = p.src[0], {p.src[0]}, []
+    for m in p.src[1].toposort():
+      if m is not prev and any(s in reaches for s in m.src):
+        reaches.add(m)
+        chain.append(m)
     for m in chain + [p]:
       place[m] = _merge_chains([place[m], target], m)
       if m is not p: seen_as[m] = place[m]
