@@ -62,7 +62,9 @@ _VECTOR_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_",
 
 @functools.cache
 def _vector(scalar: DType, n: int) -> DType:
-  return DType(scalar.priority, scalar.itemsize * n, f"{_VECTOR_NAMES[scalar.name]}{n}", None, n, scalar)
+  # up to 4 lanes the CUDA spelling (float4); wider vectors get an `x` (floatx16 is not the scalar float16)
+  name = f"{_VECTOR_NAMES[scalar.name]}{n}" if n <= 4 else f"{_VECTOR_NAMES[scalar.name]}x{n}"
+  return DType(scalar.priority, scalar.itemsize * n, name, None, n, scalar)
 
 
 @functools.cache

@@ -69,9 +69,42 @@ def _group_reduce(k: Kernel) -> None:
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 
 
+def _broadcast_axes(k: Kernel) -> list[int]:
+  """Output axes that some input reads with stride 0: upcasting them reuses each loaded value across the lanes."""
+  return [axis for axis in range(k.first_reduce)
+          if any(st.real_strides()[axis] == 0 for st in k.load_sts()) and _int(k.full_shape[axis]) is not None]
+
+
+def _vector_tile(k: Kernel) -> bool:
+  """Devices with vector arithmetic (the CPU): a register tile of whole vectors, e.g. 8 rows x 32 columns of a
+  matmul (16 AVX-512 accumulators): the output's contiguous axis by one or two vectors, another reused axis by 8.
+  Returns False (and changes nothing) when the kernel has no such axis."""
+  width = next((w for w in k.opts.vector_widths if w >= 4), 0)
+  strides = k.sts[0].real_strides()
+  # the inner axis: contiguous in the output, and every load along it is a plain vector or a broadcast (a padded
+  # input, as in a conv, would be gathered lane by lane)
+  inner = [a for a in _broadcast_axes(k) if strides[a] == 1 and
+           all(st.real_strides()[a] in (0, 1) and all(v.mask is None for v in st.views) for st in k.load_sts())]
+  if not width or not inner: return False
+  axis = inner[-1]
+  size = k.full_shape[axis]
+  amount = next((a for a in (2 * width, width, 8, 4) if size % a == 0 and a <= size), None)
+  if amount is None or not _try(k, Opt(OptOps.UPCAST, axis, amount)): return False
+  # the second axis reuses the loads the first one does not (matmul: rows of A after columns of B)
+  reused = [i for i, st in enumerate(k.load_sts()) if st.real_strides()[axis] == 0]
+  others = [a for a in _broadcast_axes(k) if a != axis]
+  others.sort(key=lambda a: any(st.real_strides()[a] == 0 for i, st in enumerate(k.load_sts()) if i not in reused))
+  for axis in reversed(others):
+    for amt in (8, 4, 2):
+      if k.full_shape[axis] % amt == 0 and k.upcast_size() * amt <= 256 and _try(k, Opt(OptOps.UPCAST, axis, amt)):
+        return True
+  return True
+
+
 def _upcast_broadcast_axes(k: Kernel) -> None:
   """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast), a
   different axis each time where there is one: a 4x4 register tile of a matmul reuses each load 4 times."""
+  if k.opts.vector_alu and _vector_tile(k): return
   used: set[int] = set()
   for _ in range(2):
     if k.upcast_size() >= 16: return
@@ -93,7 +126,11 @@ def _unroll_reduce(k: Kernel) -> None:
   axis = k.first_upcast - 1 - k.first_reduce
   size = _int(k.full_shape[k.first_upcast - 1])
   if size is None: return
-  if size <= 8 and k.upcast_size() * size <= 64:
+  width = next((w for w in k.opts.vector_widths if w >= 4), 0) if k.opts.vector_alu else 0
+  contiguous = any(st.real_strides()[k.first_upcast - 1] == 1 for st in k.load_sts())
+  if width and contiguous and size % width == 0 and size > width and k.upcast_size() * width <= 64:
+    _try(k, Opt(OptOps.UNROLL, axis, width))   # vector devices: one whole vector of the contiguous input per step
+  elif size <= 8 and k.upcast_size() * size <= 64:
     _try(k, Opt(OptOps.UNROLL, axis, size))
   elif size % 4 == 0 and k.upcast_size() <= 16:
     _try(k, Opt(OptOps.UNROLL, axis, 4))

@@ -59,6 +59,8 @@ def _grouped_specials(prefix: str, sizes: list, max_dims: int, first: int) -> li
 
 
 MAX_PARTIAL_ACCS = 16   # up to this many lanes, unrolled reduce lanes accumulate separately
+# ALU ops done on whole vectors on devices with vector arithmetic (the rest run lane by lane)
+VECTOR_ALU_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MAX, Ops.RECIP})
 
 
 def _tree(op: Ops, dtype: DType, parts: list[UOp]) -> UOp:
@@ -83,6 +85,52 @@ class Lowerer:
     self.load_cache: dict[tuple, list[UOp]] = {}
     self.acc_count = 0
     self.reduce_loops: tuple[UOp, ...] = ()
+    self.lane_index = {ln: i for i, ln in enumerate(self.lanes)}
+    self.valu = self.alu_vector_lanes()
+
+  def alu_vector_lanes(self) -> tuple[int, int] | None:
+    """(upcast axis position, width) along which ALU ops work on whole vectors: the upcast axis along which the most
+    loads (counted twice) and the output are contiguous. None when the device has no vector arithmetic."""
+    if not self.opts.vector_alu: return None
+    k = self.k
+    def contiguous(j: int) -> int:
+      ax = self.up_axes[j]
+      score = [st.real_strides()[ax] == 1 and st.shape[ax] == self.full_shape[ax] for st in k.sts]
+      return score[0] + 2 * sum(score[1:])
+    best = None
+    for j in range(len(self.up_axes)):
+      size = self.up_sizes[j]
+      width = next((w for w in self.opts.vector_widths if w >= 4 and isinstance(size, int) and size % w == 0), 0)
+      if width and contiguous(j) > 0 and (best is None or (contiguous(j), width) > best[0]):
+        best = ((contiguous(j), width), (j, width))
+    return best[1] if best is not None else None
+
+  def as_vector(self, vals: list[UOp]) -> tuple[UOp, bool]:
+    """One vector UOp holding `vals` as lanes, and whether it is a real vector (the lanes of one vector value in
+    order) rather than a broadcast or a gather of scalars."""
+    first, n = vals[0], len(vals)
+    if first.op is Ops.GEP and first.src[0].dtype.count == n and \
+       all(v.op is Ops.GEP and v.src[0] is first.src[0] and v.arg == i for i, v in enumerate(vals)):
+      return first.src[0], True
+    return UOp(Ops.VECTORIZE, first.dtype.vec(n), tuple(vals)), False
+
+  def vector_alu(self, op: Ops, dtype: DType, srcs: list[list[UOp]]) -> list[UOp] | None:
+    """Lane values of `op` computed one vector per group of lanes along the vector axis, or None when no source is
+    a real vector (then lane-wise scalars are as good)."""
+    plan, real = [], False
+    for group in self.group_lanes(self.valu, self.lanes):
+      ins = []
+      for src in srcs:
+        vec, is_real = self.as_vector([src[self.lane_index[ln]] for ln in group])
+        real |= is_real
+        ins.append(vec)
+      plan.append((group, ins))
+    if not real: return None
+    out: list[UOp] = [None] * len(self.lanes)  # type: ignore[list-item]
+    for group, ins in plan:
+      v = UOp(op, dtype.vec(len(group)), tuple(ins))
+      for i, ln in enumerate(group): out[self.lane_index[ln]] = UOp(Ops.GEP, dtype, (v,), i)
+    return out
 
   # ***** index variables *****
   def make_indices(self) -> list[UOp | None]:
@@ -125,10 +173,13 @@ class Lowerer:
     """The upcast axis (position in lanes) and width for float4/float2 access of this view, if one fits."""
     if not self.opts.supports_float4 or dtype not in self.opts.vector_dtypes: return None
     strides = st.real_strides()
-    for j, ax in enumerate(self.up_axes):
+    order = list(range(len(self.up_axes)))
+    if self.valu is not None: order.remove(self.valu[0]); order.insert(0, self.valu[0])  # noqa: E702
+    for j in order:
+      ax = self.up_axes[j]
       size = self.full_shape[ax]
       if st.shape[ax] != size or strides[ax] != 1: continue
-      for width in (4, 2):
+      for width in self.opts.vector_widths:
         if size % width == 0: return j, width
     return None
 
@@ -192,7 +243,7 @@ class Lowerer:
       for _, valid in accesses:
         if not (valid.op is Ops.CONST and valid.arg): raise AssertionError("stores are always valid")
       if len(group) > 1 and self.can_vectorize(accesses, len(group)):
-        value = UOp(Ops.VECTORIZE, dtype.vec(len(group)), tuple(by_lane[ln] for ln in group))
+        value = self.as_vector([by_lane[ln] for ln in group])[0]
         stores.append(UOp(Ops.STORE, dtypes.void, (buf, accesses[0][0], value) + extra))
       else:
         stores.extend(UOp(Ops.STORE, dtypes.void, (buf, a[0], by_lane[ln]) + extra) for ln, a in zip(group, accesses))
@@ -240,7 +291,12 @@ class Lowerer:
         out.append(c if valid.op is Ops.CONST and valid.arg else valid.where(c, UOp.const(node.dtype, 0)))
       return out
     srcs = [self.values[s] for s in node.src]
-    if node.op in GroupOp.ALU: return [UOp(node.op, node.dtype, tuple(v)) for v in zip(*srcs)]
+    if node.op in GroupOp.ALU:
+      if self.valu is not None and node.op in VECTOR_ALU_OPS and node.dtype in self.opts.vector_dtypes and \
+         dtypes.is_float(node.dtype) and all(s.dtype is node.dtype for s in node.src):
+        vec = self.vector_alu(node.op, node.dtype, srcs)
+        if vec is not None: return vec
+      return [UOp(node.op, node.dtype, tuple(v)) for v in zip(*srcs)]
     if node.op in (Ops.CAST, Ops.BITCAST): return [UOp(node.op, node.dtype, (v,)) for v in srcs[0]]
     raise NotImplementedError(f"lower: no lowering for {node.op} in a kernel AST")
 
@@ -255,6 +311,10 @@ class Lowerer:
     reduce loops it runs in (after its two sources), so placement keeps the update inside them even when the
     value added does not depend on them. When there are few lanes, unrolled reduce lanes get accumulators of their
     own, combined after the loop: independent chains instead of one chain of dependent adds per output."""
+    if self.valu is not None and op in (Ops.ADD, Ops.MAX) and dtype in self.opts.vector_dtypes and \
+       dtypes.is_float(dtype) and all(v is not None for v in values):
+      vec = self.vector_accumulate(op, dtype, values, lanes_to_acc, enclosing, loops)
+      if vec is not None: return vec
     split = len(self.lanes) <= MAX_PARTIAL_ACCS and len(set(lanes_to_acc.values())) < len(self.lanes)
     acc_of = {ln: ln for ln in self.lanes} if split else lanes_to_acc
     accs: dict[tuple, UOp] = {}
@@ -269,6 +329,27 @@ class Lowerer:
     if not split: return accs
     partials: dict[tuple, list[UOp]] = {}
     for ln in self.lanes: partials.setdefault(lanes_to_acc[ln], []).append(accs[ln])
+    return {key: _tree(op, dtype, parts) for key, parts in partials.items()}
+
+  def vector_accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple,
+                        loops: tuple[UOp, ...]) -> dict | None:
+    """One vector accumulator per group of lanes along the vector axis (when every group's values are a real
+    vector); after the loop, each output combines its lanes' partials in a balanced tree."""
+    groups = self.group_lanes(self.valu, self.lanes)
+    vecs = [self.as_vector([values[self.lane_index[ln]] for ln in g]) for g in groups]
+    if len(groups) > MAX_PARTIAL_ACCS or not all(real for _, real in vecs): return None
+    ident = self.reduce_identity(op, dtype)
+    by_keys: dict[tuple, list[UOp]] = {}   # accumulators whose lanes feed the same outputs, lane for lane
+    for group, (vec, _) in zip(groups, vecs):
+      vdt = dtype.vec(len(group))
+      acc = UOp(Ops.DEFINE_ACC, vdt, (UOp(Ops.VECTORIZE, vdt, (ident,) * len(group)),) + enclosing, self.acc_count)
+      self.acc_count += 1
+      by_keys.setdefault(tuple(lanes_to_acc[ln] for ln in group), []).append(
+        UOp(Ops.PHI, vdt, (acc, UOp(op, vdt, (acc, vec))) + loops))
+    partials: dict[tuple, list[UOp]] = {}
+    for keys, accs in by_keys.items():
+      total = _tree(op, accs[0].dtype, accs)   # whole vectors first, then lanes that share an output
+      for i, key in enumerate(keys): partials.setdefault(key, []).append(UOp(Ops.GEP, dtype, (total,), i))
     return {key: _tree(op, dtype, parts) for key, parts in partials.items()}
 
   def lower_reduce(self, red: UOp, idxs):

@@ -6,6 +6,7 @@ division by zero gives 0 instead of trapping; plain C `/` and `%` are used where
 bfloat16 values live in `float` registers and are stored as 16-bit patterns.
 """
 from __future__ import annotations
+import functools
 import math
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
@@ -20,6 +21,8 @@ class Renderer:
   has_shared: bool = False
   supports_float4: bool = False
   vector_dtypes: frozenset = field(default_factory=frozenset)
+  vector_widths: tuple[int, ...] = (4, 2)   # vector load/store widths, widest first
+  vector_alu: bool = False                  # arithmetic on vector values (GCC vector extensions on the CPU)
   global_max: tuple[int, ...] | None = None
   local_max: tuple[int, ...] | None = None
   local_max_threads: int = 0
@@ -109,6 +112,7 @@ class CStyleRenderer(Renderer):
       if not is_f: return f"(({self.type_name(dt)})fg_ipow({a[0]}, {a[1]}))"
       return f"{fn('pow')}({a[0]}, {a[1]})"
     if op is Ops.MAX:
+      if dt.count > 1: return f"fg_max_{dt.name}({a[0]}, {a[1]})"
       if is_f: return f"((({a[0]})!=({a[0]}))||(({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
       return f"(({a[0]})>({a[1]})?({a[0]}):({a[1]}))"
     if op is Ops.IDIV:
@@ -158,6 +162,11 @@ class CStyleRenderer(Renderer):
     vec_types = sorted({u.dtype for u in uops if u.dtype.count > 1}, key=lambda d: d.name)
     typedefs = [f"typedef {self.type_name(d.scalar)} {d.name} __attribute__((vector_size({d.itemsize})));"
                 for d in vec_types]
+    # lane-wise max with NaN propagating from either side, as the scalar form: a bit-select on the compare mask
+    for d in sorted({u.dtype for u in uops if u.op is Ops.MAX and u.dtype.count > 1}, key=lambda d: d.name):
+      typedefs.append(f"static inline {d.name} fg_max_{d.name}({d.name} a, {d.name} b) {{ "
+                      f"__typeof__(a > b) m = (a != a) | (a > b); "
+                      f"return ({d.name})((m & (__typeof__(m))a) | (~m & (__typeof__(m))b)); }}")
     return C_PRELUDE + "\n".join(typedefs)
 
   # ***** the program *****
@@ -256,12 +265,25 @@ class CStyleRenderer(Renderer):
     return f"{r(buf)}[{idx}] = {r(val)};"
 
 
+@functools.cache
+def native_float_lanes() -> int:
+  """float32 lanes of this CPU's widest vector registers (16 with AVX-512, else 8: GCC splits wider vectors)."""
+  try:
+    with open("/proc/cpuinfo") as f: flags = next((ln for ln in f if ln.startswith("flags")), "")
+  except OSError:
+    flags = ""
+  return 16 if " avx512f" in flags else 8
+
+
 class CRenderer(CStyleRenderer):
   """Plain C for the CPU backend: global axes become loops; GCC vector extensions give float4; a SPECIAL `core`
   index (the THREAD opt) runs the kernel body in an OpenMP parallel region, one contiguous chunk per core."""
-  def __init__(self, max_threads: int = 1):
+  def __init__(self, max_threads: int = 1, vector_lanes: int | None = None):
+    vector_lanes = vector_lanes or native_float_lanes()
+    widths = tuple(w for w in (16, 8, 4, 2) if w <= vector_lanes)
     super().__init__(device="CPU", has_local=False, supports_float4=True,
-                     vector_dtypes=frozenset({dtypes.float32, dtypes.int32}), max_threads=max_threads)
+                     vector_dtypes=frozenset({dtypes.float32, dtypes.int32}), vector_widths=widths, vector_alu=True,
+                     max_threads=max_threads)
 
   def special(self, u: UOp) -> str: return "omp_get_thread_num()"
 

@@ -61,6 +61,11 @@ def test_unit_stride_upcast_gives_one_vector_load():
   uops = uops_of(si, "CPU", [Opt(OptOps.UPCAST, 0, 4)])
   loads = [u for u in uops if u.op is Ops.LOAD]
   assert len(loads) == 1 and loads[0].dtype is dtypes.float4
+  # the CPU adds whole vectors: the loaded float4 flows into one float4 ADD and is stored as is
+  assert sum(u.op is Ops.GEP for u in uops) == 0
+  assert [u.dtype for u in uops if u.op is Ops.ADD and dtypes.is_float(u.dtype)] == [dtypes.float4]
+  # a device without vector arithmetic splits the vector into four lanes
+  uops = uops_of(si, "PYTHON", [Opt(OptOps.UPCAST, 0, 4)])
   assert sum(u.op is Ops.GEP for u in uops) == 4
   stores = [u for u in uops if u.op is Ops.STORE]
   assert len(stores) == 1 and stores[0].src[2].dtype is dtypes.float4
