@@ -184,6 +184,8 @@ flag("BEAM", int, 0, "search kernel opts with a beam of this width (0: use the h
 flag("BEAM_BUDGET", int, 60, "seconds one kernel's BEAM search may take")
 flag("CUDA_ARCH", str, "", "GPU architecture NVRTC compiles for, e.g. sm_90; empty means the GPU's own, or sm_90 "
      "when no GPU is present")
+flag("JIT_GRAPH", bool, True, "replay a JIT's captured kernels through the device's graph (a CUDA graph on CUDA, "
+     "prebuilt ctypes calls on CPU); 0 replays them kernel by kernel")
 
 if __name__ == "__main__":
   # render from the package's own module (not this __main__ copy) so flags registered on package import are listed

@@ -3,14 +3,15 @@
 `Device["CPU"]` returns the device object, created on first use; backends live in fusegrad/runtime/<name>.py and are
 loaded by name, so a missing optional dependency (cuda-bindings) only matters to the device that needs it.
 `Device.DEFAULT` comes from DEV, else CUDA when usable, else CPU. Compiled binaries are cached on disk by source,
-device and compiler identity.
+device and compiler identity. A device may also offer a graph: a captured list of launches replayed in one go (the JIT
+uses it; a CUDA graph on CUDA, precomputed ctypes calls on CPU).
 """
 from __future__ import annotations
 import hashlib
 import importlib
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 import numpy as np
 from fusegrad.config import config
 from fusegrad.dtype import DType, dtypes
@@ -46,6 +47,16 @@ class Compiler:
     return lib
 
 
+class GraphLaunch(NamedTuple):
+  """One captured kernel launch, as a device graph takes it: the program, its buffers' allocator handles, its int
+  values and its launch dims."""
+  program: Any
+  handles: list
+  vals: tuple[int, ...]
+  global_size: tuple[int, ...] | None
+  local_size: tuple[int, ...] | None
+
+
 @dataclass
 class Compiled:
   """A device: how to hold memory, render kernels, compile them and build runnable programs."""
@@ -55,6 +66,9 @@ class Compiled:
   compiler: Compiler
   program: type                    # Program(name, lib, renderer_extra) -> callable(bufs, vals, global, local, wait)
   synchronize: Any = field(default=lambda: None)
+  # Graph(launches: list[GraphLaunch], input_slots) replays the launches in order through .launch(input_handles);
+  # input_slots[i] lists the (launch, buffer position) pairs that take input i's handle. None: no graph here.
+  graph: type | None = None
 
 
 class _DeviceRegistry:

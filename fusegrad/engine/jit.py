@@ -5,13 +5,19 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 no graph building, no scheduling, no Python per op. Semantics, as in tinygrad's TinyJit: Python values (non-tensor
 arguments, shapes, closed-over scalars) are baked in at capture; the returned tensors are the same buffers every
 call, overwritten by the next call; inputs must keep their shape, dtype and device, or the call raises.
+
+When every captured kernel runs on one device that offers a graph (Compiled.graph: a CUDA graph on CUDA, prebuilt
+ctypes calls on CPU), replay goes through it: one launch per call, counters bumped in bulk. Otherwise (PYTHON, kernels
+on several devices, JIT_GRAPH=0, or DEBUG>=2, which wants a timed line per kernel) each kernel is run in turn.
 """
 from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
+from fusegrad.config import config
+from fusegrad.helpers import GlobalCounters
 from fusegrad.uop import UOp
-from fusegrad.device import Buffer
+from fusegrad.device import Buffer, Device, GraphLaunch
 from fusegrad.engine.realize import CompiledKernel, run_kernel, capture_kernels
 
 
@@ -33,7 +39,8 @@ def _tensors(args: tuple, kwargs: dict) -> list:
 
 
 class TinyJit:
-  """Wrap `fn`; see the module docstring for what is captured and what must stay the same."""
+  """Wrap `fn`; see the module docstring for what is captured and what must stay the same. After the first replay
+  through a device graph, `graph` holds it (None while replays go kernel by kernel)."""
 
   def __init__(self, fn: Callable):
     self.fn = fn
@@ -41,6 +48,10 @@ class TinyJit:
     self.launches: list[_Launch] = []
     self.signature: tuple | None = None
     self.result: Any = None
+    self.graph: Any = None
+    self._graph_tried = False
+    self._ops = self._mem = 0              # the captured kernels' op and memory estimates, summed for the counters
+    self._inputs_held: list[Buffer] = []   # the last replay's inputs: a graph may still be reading them
     functools.update_wrapper(self, fn)
 
   def _signature(self, tensors: list) -> tuple:
@@ -73,9 +84,45 @@ class TinyJit:
     return result
 
   def replay(self, input_bufs: list[Buffer]) -> None:
-    for launch in self.launches:
-      for j, i in launch.inputs.items(): launch.bufs[j] = input_bufs[i]
-      run_kernel(launch.kernel, launch.bufs, launch.var_vals)
+    """Run the captured kernels on these input buffers: through the device graph when there is one, else in turn."""
+    graph = self._replay_graph()
+    if graph is None:
+      for launch in self.launches:
+        for j, i in launch.inputs.items(): launch.bufs[j] = input_bufs[i]
+        run_kernel(launch.kernel, launch.bufs, launch.var_vals)
+      return
+    elapsed = graph.launch([b.allocate()._handle for b in input_bufs])
+    self._inputs_held = input_bufs
+    GlobalCounters.kernel_count += len(self.launches)
+    GlobalCounters.global_ops += self._ops
+    GlobalCounters.global_mem += self._mem
+    GlobalCounters.time_sum_s += elapsed or 0.0
+
+  def _replay_graph(self) -> Any:
+    """The device graph to replay through now, built on first use; None to run kernel by kernel."""
+    if not config.JIT_GRAPH or config.DEBUG >= 2: return None
+    if not self._graph_tried:
+      self.graph = self._build_graph()   # a failure raises here (and again next call), naming JIT_GRAPH=0
+      self._graph_tried = True
+    return self.graph
+
+  def _build_graph(self) -> Any:
+    devices = {launch.kernel.device for launch in self.launches}
+    if len(devices) != 1: return None   # no kernels, or kernels on several devices
+    graph_type = Device[devices.pop()].graph
+    if graph_type is None: return None
+    slots: list[list[tuple[int, int]]] = [[] for _ in self.signature]
+    for li, launch in enumerate(self.launches):
+      for pos, i in launch.inputs.items(): slots[i].append((li, pos))
+    self._ops = sum(launch.kernel.lin.op_estimate for launch in self.launches)
+    self._mem = sum(launch.kernel.lin.mem_estimate for launch in self.launches)
+    return graph_type([_graph_launch(launch) for launch in self.launches], slots)
+
+
+def _graph_launch(launch: _Launch) -> GraphLaunch:
+  lin = launch.kernel.lin
+  return GraphLaunch(launch.kernel.program, [b.allocate()._handle for b in launch.bufs],
+                     tuple(launch.var_vals[v] for v in lin.vars), lin.global_size, lin.local_size)
 
 
 def _flatten_result(result) -> list:

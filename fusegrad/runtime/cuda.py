@@ -2,16 +2,18 @@
 
 One context (the device's primary context) and the default stream; a pooled allocator over plain cuMemAlloc
 (freed blocks are kept by size and reused); host copies through pinned staging buffers for large transfers; events
-time kernels under DEBUG>=2. Without a GPU, the compiler still works (NVRTC needs no device), so CUDA source can
-be rendered and compiled on any machine: `python -m fusegrad kernels --device CUDA "EXPR"`.
+time kernels under DEBUG>=2; CUDAGraph replays a JIT's captured launches as one CUDA graph. Without a GPU, the
+compiler still works (NVRTC needs no device), so CUDA source can be rendered and compiled on any machine:
+`python -m fusegrad kernels --device CUDA "EXPR"`.
 """
 from __future__ import annotations
 import ctypes
 import functools
+import sys
 from collections import defaultdict
 import numpy as np
 from fusegrad.config import config
-from fusegrad.device import Allocator, Compiler, Compiled
+from fusegrad.device import Allocator, Compiler, Compiled, GraphLaunch
 from fusegrad.renderer.cstyle import CUDARenderer
 
 try:
@@ -21,6 +23,7 @@ except ImportError as e:  # the optional extra is missing: say how to get it
                     "(cuda-bindings and nvidia-cuda-nvrtc)") from e
 
 STAGING_MIN = 1 << 20   # copies at least this big go through pinned host memory
+STREAM = 0              # kernels and graphs all run on the legacy default stream, so they are ordered with the copies
 
 
 def check(result, what: str):
@@ -138,6 +141,16 @@ class NVRTCCompiler(Compiler):
     return cubin
 
 
+def kernel_args(bufs: list, vals: tuple[int, ...]) -> list:
+  """A kernel's arguments as ctypes values: buffers as 64-bit device pointers, then the int values as int32."""
+  return [ctypes.c_uint64(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
+
+
+def param_array(args: list) -> ctypes.Array:
+  """The void*[] the driver reads a launch's arguments through (kernelParams); it must outlive its use."""
+  return (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+
+
 class CUDAProgram:
   """A loaded kernel; call with device pointers, int values and launch dims."""
 
@@ -148,25 +161,93 @@ class CUDAProgram:
     self.fn = check(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
 
   def __call__(self, bufs: list, vals: tuple[int, ...] = (), global_size=(1, 1, 1), local_size=(1, 1, 1), wait=False):
-    args = [ctypes.c_uint64(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
-    params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+    args = kernel_args(bufs, vals)
+    params = param_array(args)
     gx, gy, gz = global_size
     lx, ly, lz = local_size
     if wait:
       start, end = check(driver.cuEventCreate(0), "cuEventCreate"), check(driver.cuEventCreate(0), "cuEventCreate")
-      check(driver.cuEventRecord(start, 0), "cuEventRecord")
+      check(driver.cuEventRecord(start, STREAM), "cuEventRecord")
     try:
-      check(driver.cuLaunchKernel(self.fn, gx, gy, gz, lx, ly, lz, 0, 0, ctypes.addressof(params), 0),
+      check(driver.cuLaunchKernel(self.fn, gx, gy, gz, lx, ly, lz, 0, STREAM, ctypes.addressof(params), 0),
             f"launch of {self.name} grid={tuple(global_size)} block={tuple(local_size)}")
     except RuntimeError as e:
       raise RuntimeError(f"{e} (kernel {self.name})") from e
     if not wait: return None
-    check(driver.cuEventRecord(end, 0), "cuEventRecord")
+    check(driver.cuEventRecord(end, STREAM), "cuEventRecord")
     check(driver.cuEventSynchronize(end), f"kernel {self.name}")
     ms = check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
     driver.cuEventDestroy(start)
     driver.cuEventDestroy(end)
     return ms / 1e3
+
+
+class CUDAGraph:
+  """A JIT's captured launches as one CUDA graph: a chain of kernel nodes (each depends on the one before, as the
+  launches were ordered on one stream), instantiated once and replayed with one cuGraphLaunch.
+
+  Every argument slot that takes JIT input i reads the same c_uint64. When an input arrives at a new device pointer,
+  that value is updated in place and the nodes reading it are re-set with cuGraphExecKernelNodeSetParams (the driver
+  copies argument values when params are set, so the storage only has to live as long as this object, which keeps it).
+  Int values (bound symbolic dims) are baked in, as they are at capture. The caller keeps the captured buffers alive.
+  """
+
+  def __init__(self, launches: list[GraphLaunch], input_slots: list[list[tuple[int, int]]]):
+    _context()
+    self.graph = self.exec = None
+    self.args = [kernel_args(launch.handles, launch.vals) for launch in launches]
+    self.inputs = [ctypes.c_uint64(int(launches[slots[0][0]].handles[slots[0][1]]) if slots else 0)
+                   for slots in input_slots]
+    for i, slots in enumerate(input_slots):
+      for li, pos in slots: self.args[li][pos] = self.inputs[i]
+    self.readers = [sorted({li for li, _ in slots}) for slots in input_slots]   # nodes to re-set per input
+    self.param_arrays = [param_array(args) for args in self.args]
+    self.params = [self._node_params(launch, arr) for launch, arr in zip(launches, self.param_arrays)]
+    self.graph = check(driver.cuGraphCreate(0), "cuGraphCreate")
+    self.nodes: list = []
+    for launch, params in zip(launches, self.params):
+      deps = self.nodes[-1:]
+      try:
+        self.nodes.append(check(driver.cuGraphAddKernelNode(self.graph, deps, len(deps), params),
+                                f"cuGraphAddKernelNode({launch.program.name})"))
+      except RuntimeError as e:
+        raise RuntimeError(f"{e}: grid={tuple(launch.global_size)} block={tuple(launch.local_size)}; "
+                           "JIT_GRAPH=0 replays kernel by kernel instead") from e
+    self.exec = check(driver.cuGraphInstantiate(self.graph, 0), f"cuGraphInstantiate ({len(self.nodes)} kernels)")
+    check(driver.cuGraphUpload(self.exec, STREAM), "cuGraphUpload")
+
+  @staticmethod
+  def _node_params(launch: GraphLaunch, arr: ctypes.Array):
+    params = driver.CUDA_KERNEL_NODE_PARAMS()
+    params.func = launch.program.fn
+    params.gridDimX, params.gridDimY, params.gridDimZ = (int(d) for d in launch.global_size)
+    params.blockDimX, params.blockDimY, params.blockDimZ = (int(d) for d in launch.local_size)
+    params.sharedMemBytes = 0
+    params.kernelParams = ctypes.addressof(arr)
+    return params
+
+  def launch(self, input_handles: list) -> None:
+    """Point the graph at these input device pointers (re-setting only the nodes whose inputs moved) and launch it
+    on the kernels' stream. Asynchronous, like a kernel launch: returns None (no time measured)."""
+    if self.exec is None: raise RuntimeError("CUDAGraph.launch: this graph was freed")
+    stale: set[int] = set()
+    for i, handle in enumerate(input_handles):
+      if handle != self.inputs[i].value:
+        self.inputs[i].value = handle
+        stale.update(self.readers[i])
+    for li in sorted(stale):
+      check(driver.cuGraphExecKernelNodeSetParams(self.exec, self.nodes[li], self.params[li]),
+            "cuGraphExecKernelNodeSetParams")
+    check(driver.cuGraphLaunch(self.exec, STREAM), "cuGraphLaunch")
+
+  def free(self) -> None:
+    """Destroy the executable graph and the graph (done on collection too); launching afterwards is an error."""
+    if getattr(self, "exec", None) is not None: driver.cuGraphExecDestroy(self.exec)
+    if getattr(self, "graph", None) is not None: driver.cuGraphDestroy(self.graph)
+    self.exec = self.graph = None
+
+  def __del__(self):
+    if not sys.is_finalizing(): self.free()   # at interpreter exit the driver may be gone; the exit frees it all
 
 
 def synchronize() -> None:
@@ -175,4 +256,5 @@ def synchronize() -> None:
 
 def make_device() -> Compiled:
   arch = device_arch()
-  return Compiled("CUDA", CUDAAllocator(), CUDARenderer(arch), NVRTCCompiler(arch), CUDAProgram, synchronize)
+  return Compiled("CUDA", CUDAAllocator(), CUDARenderer(arch), NVRTCCompiler(arch), CUDAProgram, synchronize,
+                  graph=CUDAGraph)
