@@ -1,9 +1,13 @@
 """Small utilities used across fusegrad: sequence helpers, integer math, terminal colors, names, counters, timing.
 
+The compiler stages time themselves with `with stage("linearize"):` into GlobalCounters.stage_s; DEBUG>=1 prints
+those totals when the process exits.
+
 Kept dependency-free (standard library and fusegrad.config only) so every other module can import it.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import operator
 import os
@@ -132,20 +136,68 @@ def cache_dir() -> pathlib.Path:
   return path
 
 
+# the compiler stages GlobalCounters.stage_s reports, in pipeline order
+STAGES = ("schedule", "optimize", "linearize", "render", "compile", "run")
+
+
 class GlobalCounters:
-  """Process-wide counters for kernels run, work done and compile time; reset() zeroes them."""
+  """Process-wide counters for kernels run, work done, compile time and time per compiler stage; reset() zeroes
+  them."""
   kernel_count: ClassVar[int] = 0
   global_ops: ClassVar[int] = 0
   global_mem: ClassVar[int] = 0
   time_sum_s: ClassVar[float] = 0.0
   compile_count: ClassVar[int] = 0
   compile_time_s: ClassVar[float] = 0.0
+  stage_s: ClassVar[dict[str, float]] = dict.fromkeys(STAGES, 0.0)   # seconds per stage, see `stage`
   mem_used: ClassVar[int] = 0   # bytes held by allocated Buffers now; not reset
 
   @classmethod
   def reset(cls) -> None:
     cls.kernel_count, cls.global_ops, cls.global_mem, cls.compile_count = 0, 0, 0, 0
     cls.time_sum_s, cls.compile_time_s = 0.0, 0.0
+    cls.stage_s.clear()
+    cls.stage_s.update(dict.fromkeys(STAGES, 0.0))
+
+
+_OPEN_STAGES: list[stage] = []   # the stages being timed now, innermost last
+
+
+class stage:  # noqa: N801  (used like a function: `with stage("render"):`)
+  """Add the wall time of a block to GlobalCounters.stage_s[name]. Stages nest exclusively: while an inner stage runs,
+  the enclosing one's clock is paused, so nested stages are not counted twice and the totals add up to wall time."""
+  __slots__ = ("name", "start")
+
+  def __init__(self, name: str) -> None:
+    self.name = name
+
+  def __enter__(self) -> stage:
+    now = time.perf_counter()
+    if _OPEN_STAGES: _OPEN_STAGES[-1]._charge(now)
+    self.start = now
+    _OPEN_STAGES.append(self)
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    now = time.perf_counter()
+    _OPEN_STAGES.remove(self)
+    self._charge(now)
+    if _OPEN_STAGES: _OPEN_STAGES[-1].start = now
+
+  def _charge(self, now: float) -> None:
+    GlobalCounters.stage_s[self.name] = GlobalCounters.stage_s.get(self.name, 0.0) + now - self.start
+    self.start = now
+
+
+def format_stages(stage_s: dict[str, float]) -> str:
+  """One line: milliseconds per stage and their total."""
+  parts = [f"{name} {seconds * 1e3:.1f}" for name, seconds in stage_s.items()]
+  return f"stages (ms): {', '.join(parts)}; total {sum(stage_s.values()) * 1e3:.1f}"
+
+
+@atexit.register
+def _print_stages_at_exit() -> None:
+  if config.DEBUG >= 1 and any(GlobalCounters.stage_s.values()): print(format_stages(GlobalCounters.stage_s))
 
 
 class Timing:

@@ -9,7 +9,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from fusegrad.config import config
-from fusegrad.helpers import GlobalCounters, colored, ansilen
+from fusegrad.helpers import GlobalCounters, colored, ansilen, stage
 from fusegrad.uop import UOp, Ops
 from fusegrad.device import Device, Buffer
 from fusegrad.codegen.kernel import Kernel, Opt
@@ -50,7 +50,8 @@ def capture_kernels():
 def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
   start = time.perf_counter()
   ks = render_kernel(k, device)
-  program = Device[device].program(ks.name, ks.lib)
+  with stage("compile"):   # loading the binary is the last step of compiling
+    program = Device[device].program(ks.name, ks.lib)
   elapsed = time.perf_counter() - start
   GlobalCounters.compile_count += 1
   GlobalCounters.compile_time_s += elapsed
@@ -63,7 +64,8 @@ def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> Compil
   """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk)."""
   key = (ast, device, config.NOOPT, config.BEAM)   # the flags that choose the opts are part of the program
   if key not in _PROGRAMS:
-    opts = beam_search(ast, si.bufs, si.var_vals, device) if config.BEAM > 0 and si is not None else None
+    with stage("optimize"):
+      opts = beam_search(ast, si.bufs, si.var_vals, device) if config.BEAM > 0 and si is not None else None
     _PROGRAMS[key] = compile_kernel(kernel_for(ast, device, opts), device)
   return _PROGRAMS[key]
 
@@ -93,17 +95,19 @@ def _print_kernel_line(ck: CompiledKernel, elapsed: float, gsz, lsz) -> None:
 
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
-  """Run every item in order, then mark each output as realized (dropping its lazy sources)."""
-  for si in schedule:
-    if si.ast.op is Ops.EMPTY:
-      si.bufs[0].allocate()
-    elif si.ast.op is Ops.COPY:
-      dst, src = si.bufs
-      dst.allocate()
-      Device[dst.device].allocator.copyin(dst._handle, memoryview(src.raw_bytes()))
-    else:
-      ck = get_program(si.ast, si.bufs[0].device, si)
-      run_kernel(ck, si.bufs, si.var_vals)
-      for record in _CAPTURE: record.append((ck, si.bufs, si.var_vals))
-    for out in si.outputs:
-      out.op, out.srcs, out.arg = Ops.BUFFER, (), None
+  """Run every item in order, then mark each output as realized (dropping its lazy sources). Timed as the "run"
+  stage, less the stages of compiling a kernel on its first use."""
+  with stage("run"):
+    for si in schedule:
+      if si.ast.op is Ops.EMPTY:
+        si.bufs[0].allocate()
+      elif si.ast.op is Ops.COPY:
+        dst, src = si.bufs
+        dst.allocate()
+        Device[dst.device].allocator.copyin(dst._handle, memoryview(src.raw_bytes()))
+      else:
+        ck = get_program(si.ast, si.bufs[0].device, si)
+        run_kernel(ck, si.bufs, si.var_vals)
+        for record in _CAPTURE: record.append((ck, si.bufs, si.var_vals))
+      for out in si.outputs:
+        out.op, out.srcs, out.arg = Ops.BUFFER, (), None

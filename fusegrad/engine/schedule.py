@@ -9,7 +9,7 @@ permuting view or by several consumers, or an op whose padding would not stay ze
 from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
-from fusegrad.helpers import prod
+from fusegrad.helpers import prod, stage
 from fusegrad.dtype import dtypes
 from fusegrad.uop import UOp, Ops, GroupOp
 from fusegrad.shape.shapetracker import ShapeTracker
@@ -160,7 +160,8 @@ class _KernelBuilder:
 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels (and copies) that realize `outs`, in an order that respects their dependencies."""
-  sched = _Scheduler(outs)
-  for o in outs:
-    if o.base.op is not Ops.CONST: sched.require(o.base)
+  with stage("schedule"):
+    sched = _Scheduler(outs)
+    for o in outs:
+      if o.base.op is not Ops.CONST: sched.require(o.base)
   return sched.items
