@@ -144,7 +144,9 @@ def _split_reduce(x: LazyBuffer, op: Ops, axis: tuple[int, ...]) -> LazyBuffer |
   if reduce_size < SPLIT_MIN_REDUCE or out_size > SPLIT_MAX_OUTPUTS: return None
   ax = max(axis, key=lambda a: x.shape[a])
   size = x.shape[ax]
-  n = next((n for n in (256, 128, 64, 32, 16) if size % n == 0 and size // n >= 256), None)
+  # enough first-stage outputs to fill a GPU (a thread block each), each still reducing a long run
+  n = next((n for n in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16) if size % n == 0 and size // n >= 4096), None)
+  n = n or next((n for n in (256, 128, 64, 32, 16) if size % n == 0 and size // n >= 256), None)
   if n is None: return None
   split = x.reshape(x.shape[:ax] + (n, size // n) + x.shape[ax + 1:])
   inner_axes = tuple(a + (a > ax) for a in axis if a != ax) + (ax + 1,)
