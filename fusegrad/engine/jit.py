@@ -18,7 +18,7 @@ from fusegrad.config import config
 from fusegrad.helpers import GlobalCounters
 from fusegrad.uop import UOp
 from fusegrad.device import Buffer, Device, GraphLaunch
-from fusegrad.engine.realize import CompiledKernel, run_kernel, capture_kernels
+from fusegrad.engine.realize import CompiledKernel, run_kernel, capture_kernels, launch_dims
 
 
 @dataclass
@@ -122,7 +122,7 @@ class TinyJit:
 def _graph_launch(launch: _Launch) -> GraphLaunch:
   lin = launch.kernel.lin
   return GraphLaunch(launch.kernel.program, [b.allocate()._handle for b in launch.bufs],
-                     tuple(launch.var_vals[v] for v in lin.vars), lin.global_size, lin.local_size)
+                     tuple(launch.var_vals[v] for v in lin.vars), *launch_dims(lin, launch.var_vals))
 
 
 def _flatten_result(result) -> list:

@@ -70,9 +70,17 @@ def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> Compil
   return _PROGRAMS[key]
 
 
+def launch_dims(lin, var_vals: dict[UOp, int]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+  """The grid and block sizes of a launch: a symbolic size (a grid over a Variable's range) takes its value now."""
+  if lin.global_size is None: return None, None
+  env = {v.arg.name: var_vals[v] for v in lin.vars}
+  def dims(sizes): return tuple(s if isinstance(s, int) else int(s.evaluate(env)) for s in sizes)
+  return dims(lin.global_size), dims(lin.local_size)
+
+
 def run_kernel(ck: CompiledKernel, bufs: tuple[Buffer, ...], var_vals: dict[UOp, int]) -> float:
   vals = tuple(var_vals[v] for v in ck.lin.vars)
-  gsz, lsz = ck.lin.global_size, ck.lin.local_size
+  gsz, lsz = launch_dims(ck.lin, var_vals)
   handles = [b.allocate()._handle for b in bufs]
   wait = config.DEBUG >= 2
   elapsed = ck.program(handles, vals, gsz, lsz, wait=wait)
