@@ -24,6 +24,10 @@ def _int(x) -> int | None: return x if isinstance(x, int) else None
 
 
 def hand_coded_optimizations(k: Kernel) -> Kernel:
+  if k.multireduce:
+    _multireduce(k)
+    if k.opts.max_threads > 1: _use_cores(k)
+    return k
   if k.opts.tensor_cores and match_matmul(k.reduceop) is not None and _try(k, Opt(OptOps.TC, 0, 0)):
     _tile_tensor_cores(k)
     return k
@@ -34,6 +38,38 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
   if k.opts.has_local and not k.dont_use_locals: _add_locals(k)
   if k.opts.max_threads > 1: _use_cores(k)
   return k
+
+
+def _multireduce(k: Kernel) -> None:
+  """A kernel of several reduces (fused softmax/layernorm): each reduce's contiguous axis and the output's contiguous
+  axis are unrolled by one vector, and on devices with thread blocks split across the same T threads (they share
+  thread ids and lanes: the phases run one after another), so a block handles a row in every phase."""
+  width = next((w for w in k.opts.vector_widths if w >= 4), 0) if k.opts.supports_float4 else 0
+  loop_start = lambda: k.first_reduce + k.group_for_reduces  # noqa: E731
+  def reduce_axis(r, stride=1):   # the reduce's innermost loop axis, if its own loads read it with this stride
+    accesses, _ = k.phases[r]
+    own = [a for a in sorted(k.own_axes(r)) if loop_start() <= a < k.first_upcast and _int(k.full_shape[a])]
+    if not own or not any(k.sts[i].real_strides()[own[-1]] == stride for i in accesses): return None
+    return own[-1]
+  def output_axis(stride=1):    # the output's contiguous axis that no reduce varies along
+    deps = set().union(*[k.phase_axes(r) for r in k.reduceops])
+    strides = k.sts[0].real_strides()
+    cands = [a for a in range(k.global_dims) if strides[a] == stride and a not in deps and _int(k.full_shape[a])]
+    return cands[-1] if cands else None
+  if width:
+    for r in k.reduceops:
+      if (a := reduce_axis(r)) is not None and k.full_shape[a] % width == 0:
+        _try(k, Opt(OptOps.UNROLL, a - loop_start(), width))
+    if (a := output_axis()) is not None and k.full_shape[a] % width == 0:
+      _try(k, Opt(OptOps.UPCAST, a, width))
+  if not k.opts.has_local or k.dont_use_locals: return
+  step = width if k.upcasted else 1   # neighbouring threads read neighbouring vectors
+  sizes = [k.full_shape[a] for a in [reduce_axis(r, step) for r in k.reduceops] + [output_axis(step)] if a is not None]
+  threads = next((t for t in (256, 128, 64, 32) if all(s % t == 0 for s in sizes)), None)
+  if threads is None: return
+  for r in k.reduceops:
+    if (a := reduce_axis(r, step)) is not None: _try(k, Opt(OptOps.GROUP, a - loop_start(), threads))
+  if (a := output_axis(step)) is not None: _try(k, Opt(OptOps.LOCAL, a, threads))
 
 
 def _use_cores(k: Kernel) -> None:

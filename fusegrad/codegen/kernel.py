@@ -53,9 +53,10 @@ class Kernel:
     # access 0 is the (first) store: its shape is the output shape
     self.accesses: list[UOp] = stores + others
     self.sts: list[ShapeTracker] = [a.src[1].arg if a.op is not Ops.CONST else a.src[0].arg for a in self.accesses]
-    reduces = [n for n in nodes if n.op is Ops.REDUCE]
-    if len(reduces) > 1: raise NotImplementedError("Kernel: one REDUCE per kernel is supported")
-    self.reduceop: UOp | None = reduces[0] if reduces else None
+    # reduces in dependency order (one that feeds another comes first); `reduceop` is the last one
+    self.reduceops: list[UOp] = [n for n in nodes if n.op is Ops.REDUCE]
+    self.reduceop: UOp | None = self.reduceops[-1] if self.reduceops else None
+    self.phases = self._phases()
     self.vars: list[UOp] = sorted({v for st in self.sts for v in st.vars()}, key=lambda v: v.arg.name)
     self.local_dims = 0
     self.group_for_reduces = 0
@@ -69,6 +70,70 @@ class Kernel:
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
     self.simplify_ones()
     self.simplify_merge_adjacent()
+
+  # ***** phases: the parts of a kernel with several reduces *****
+  def _phases(self) -> dict[UOp | None, tuple[list[int], list[UOp]]]:
+    """For each reduce (and None: the code outside every reduce, ending in the store): the accesses it reads
+    directly, and the reduces whose results it uses."""
+    out: dict[UOp | None, tuple[list[int], list[UOp]]] = {}
+    position = {a: i for i, a in enumerate(self.accesses)}
+    for owner, root in [(r, r.src[0]) for r in self.reduceops] + [(None, self.ast)]:
+      accesses, inner, stack, seen = [], [], [root], set()
+      while stack:
+        n = stack.pop()
+        if n in seen: continue
+        seen.add(n)
+        if n.op is Ops.REDUCE: inner.append(n); continue  # noqa: E702
+        if n in position: accesses.append(position[n])
+        stack.extend(n.src)
+      out[owner] = (sorted(accesses), inner)
+    return out
+
+  def phase_axes(self, owner: UOp | None) -> set[int]:
+    """Axes a phase's values vary along: those its accesses span, and those of the reduce results it uses (less
+    their own reduce axes)."""
+    accesses, inner = self.phases[owner]
+    axes = {i for a in accesses for i, s in enumerate(self.sts[a].shape) if not (isinstance(s, int) and s == 1)}
+    for r in inner: axes |= self.phase_axes(r) - self.own_axes(r)
+    return axes
+
+  def own_axes(self, r: UOp) -> set[int]:
+    """The reduce axes a reduce sums (maxes) over: the reduce axes its own accesses span."""
+    accesses, _ = self.phases[r]
+    return {i for a in accesses for i, s in enumerate(self.sts[a].shape)
+            if self._is_reduce_axis(i) and not (isinstance(s, int) and s == 1)}
+
+  @property
+  def multireduce(self) -> bool:
+    """Several reduces in one kernel, or one whose result is broadcast along an axis it does not vary along (the
+    fused softmax: max, sum and the elementwise output in one kernel, each reduce on axes of its own)."""
+    if len(self.reduceops) > 1: return True
+    if not self.reduceops: return False
+    used = self.phase_axes(self.reduceops[0])
+    return any(i not in used for i in range(self.shape_len) if not self._is_reduce_axis(i) and self.full_shape[i] != 1)
+
+  def _slots(self, axes: list[int]) -> list[list[int]]:
+    """Group axes into shared slots: in a multireduce kernel, axes of equal size that no phase uses together can
+    share one index (one thread id, one lane), since the phases run one after another. Otherwise one slot each."""
+    if not self.multireduce: return [[a] for a in axes]
+    uses = [self.phase_axes(p) | (self.own_axes(p) if p is not None else set()) for p in self.phases]
+    slots: list[list[int]] = []
+    for a in axes:
+      for slot in slots:
+        if self.full_shape[slot[0]] == self.full_shape[a] and \
+           not any(a in u and any(b in u for b in slot) for u in uses):
+          slot.append(a)
+          break
+      else:
+        slots.append([a])
+    return slots
+
+  def lane_slots(self) -> list[list[int]]: return self._slots(self.upcasted_axes())
+  def thread_slots(self) -> list[list[int]]:
+    return self._slots(list(range(self.global_dims, self.first_reduce + self.group_for_reduces)))
+
+  def lane_count(self) -> int: return int(prod(self.full_shape[s[0]] for s in self.lane_slots()))
+  def thread_count(self) -> int: return int(prod(self.full_shape[s[0]] for s in self.thread_slots()))
 
   # ***** the layout *****
   @property
@@ -152,7 +217,9 @@ class Kernel:
     """Merge neighbouring axes of the same kind when every access can be reshaped without a new view."""
     i = 0
     while i < self.first_upcast - 1:
-      same_kind = self._is_reduce_axis(i) == self._is_reduce_axis(i + 1)
+      # same kind, and read by the same accesses (two reduces' private axes never merge)
+      same_kind = self._is_reduce_axis(i) == self._is_reduce_axis(i + 1) and \
+          all((st.shape[i] == 1) == (st.shape[i + 1] == 1) for st in self.sts)
       if same_kind and (i + 1 != self.first_reduce) and self._try_merge(i):
         continue
       i += 1
@@ -206,21 +273,22 @@ class Kernel:
       _check(self.opts.has_local and not self.dont_use_locals, f"{opt}: this kernel/device has no thread blocks")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
       _check(amount <= 32, f"{opt}: upcast amount {amount} is too large (at most 32)")
-      _check(prod(self.full_shape[i] for i in self.upcasted_axes()) * amount <= 256,
-             f"{opt}: more than 256 upcasted elements")
       self.shift_to(axis, amount, insert_before=None)
       self.upcasted += 1
+      _check(self.lane_count() <= 256, f"{opt}: more than 256 upcasted elements")
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
-      _check(prod(self.full_shape[self.global_dims:self.first_reduce]) * amount <= self.opts.local_max_threads,
-             f"{opt}: more than {self.opts.local_max_threads} threads per block")
       self.shift_to(axis, amount, top=opt.op is OptOps.LASTLOCAL, insert_before=self.first_reduce)
       self.local_dims += 1
+      _check(self.thread_count() <= self.opts.local_max_threads,
+             f"{opt}: more than {self.opts.local_max_threads} threads per block")
     elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
-      _check(self.reduceop is not None and self.group_for_reduces == 0, f"{opt}: needs a reduce, grouped once")
-      _check(amount <= self.opts.local_max_threads, f"{opt}: group of {amount} exceeds the block size limit")
+      _check(self.reduceop is not None and (self.group_for_reduces == 0 or self.multireduce),
+             f"{opt}: needs a reduce, grouped once")
       self.shift_to(axis, amount, top=opt.op is OptOps.GROUPTOP,
                     insert_before=self.first_reduce + self.group_for_reduces)
       self.group_for_reduces += 1
+      _check(self.thread_count() <= self.opts.local_max_threads,
+             f"{opt}: more than {self.opts.local_max_threads} threads per block")
     else:
       raise KernelOptError(f"{opt}: {opt.op.name} is not supported on this kernel")
     self.simplify_ones()

@@ -60,7 +60,7 @@ def _grouped_specials(prefix: str, sizes: list, max_dims: int, first: int) -> li
 
 MAX_PARTIAL_ACCS = 16   # up to this many lanes, unrolled reduce lanes accumulate separately
 # ALU ops done on whole vectors on devices with vector arithmetic (the rest run lane by lane)
-VECTOR_ALU_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MAX, Ops.RECIP})
+VECTOR_ALU_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MAX, Ops.RECIP, Ops.EXP2})
 
 
 def _tree(op: Ops, dtype: DType, parts: list[UOp]) -> UOp:
@@ -79,7 +79,10 @@ class Lowerer:
     self.opts = k.opts
     self.full_shape = k.full_shape
     self.up_axes = k.upcasted_axes()
-    self.up_sizes = [self.full_shape[i] for i in self.up_axes]
+    # one lane coordinate per slot: a slot is one upcast axis, or (multireduce) several that no phase uses together
+    self.slots = k.lane_slots()
+    self.slot_of = {ax: j for j, slot in enumerate(self.slots) for ax in slot}
+    self.up_sizes = [self.full_shape[slot[0]] for slot in self.slots]
     self.lanes = list(itertools.product(*[range(s) for s in self.up_sizes]))
     self.buf_uops = {b.arg: b for b in k.bufs}
     self.load_cache: dict[tuple, list[UOp]] = {}
@@ -94,11 +97,11 @@ class Lowerer:
     if not self.opts.vector_alu: return None
     k = self.k
     def contiguous(j: int) -> int:
-      ax = self.up_axes[j]
-      score = [st.real_strides()[ax] == 1 and st.shape[ax] == self.full_shape[ax] for st in k.sts]
+      score = [any(st.real_strides()[ax] == 1 and st.shape[ax] == self.full_shape[ax] for ax in self.slots[j])
+               for st in k.sts]
       return score[0] + 2 * sum(score[1:])
     best = None
-    for j in range(len(self.up_axes)):
+    for j in range(len(self.slots)):
       size = self.up_sizes[j]
       width = next((w for w in self.opts.vector_widths if w >= 4 and isinstance(size, int) and size % w == 0), 0)
       if width and contiguous(j) > 0 and (best is None or (contiguous(j), width) > best[0]):
@@ -164,8 +167,8 @@ class Lowerer:
 
   def lane_indices(self, base: list[UOp | None], lane: tuple[int, ...], zero_reduce: bool) -> list[UOp]:
     idxs = list(base)
-    for ax, v in zip(self.up_axes, lane):
-      idxs[ax] = UOp.const(dtypes.index, 0 if zero_reduce and self.k._is_reduce_axis(ax) else v)
+    for ax in self.up_axes:
+      idxs[ax] = UOp.const(dtypes.index, 0 if zero_reduce and self.k._is_reduce_axis(ax) else lane[self.slot_of[ax]])
     return [UOp.const(dtypes.index, 0) if i is None else i for i in idxs]
 
   # ***** memory *****
@@ -173,14 +176,13 @@ class Lowerer:
     """The upcast axis (position in lanes) and width for float4/float2 access of this view, if one fits."""
     if not self.opts.supports_float4 or dtype not in self.opts.vector_dtypes: return None
     strides = st.real_strides()
-    order = list(range(len(self.up_axes)))
-    if self.valu is not None: order.remove(self.valu[0]); order.insert(0, self.valu[0])  # noqa: E702
-    for j in order:
-      ax = self.up_axes[j]
+    order = list(self.up_axes)
+    if self.valu is not None: order.sort(key=lambda ax: self.slot_of[ax] != self.valu[0])
+    for ax in order:
       size = self.full_shape[ax]
       if st.shape[ax] != size or strides[ax] != 1: continue
       for width in self.opts.vector_widths:
-        if size % width == 0: return j, width
+        if size % width == 0: return self.slot_of[ax], width
     return None
 
   def group_lanes(self, vec: tuple[int, int] | None, lanes: list[tuple[int, ...]]):
@@ -213,7 +215,7 @@ class Lowerer:
 
   def lane_key(self, ln: tuple[int, ...], zero_reduce: bool) -> tuple[int, ...]:
     if not zero_reduce: return ln
-    return tuple(0 if self.k._is_reduce_axis(ax) else v for ax, v in zip(self.up_axes, ln))
+    return tuple(0 if all(self.k._is_reduce_axis(ax) for ax in slot) else v for slot, v in zip(self.slots, ln))
 
   def can_vectorize(self, accesses: list[tuple[UOp, UOp]], width: int) -> bool:
     (idx0, valid0) = accesses[0]
@@ -306,37 +308,40 @@ class Lowerer:
     return UOp.const(dtype, -math.inf if dtypes.is_float(dtype) else dtypes.min(dtype))
 
   def accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple,
-                 loops: tuple[UOp, ...]) -> dict:
+                 loops: tuple[UOp, ...], lanes: list[tuple[int, ...]] | None = None) -> dict:
     """DEFINE_ACC per output lane, updated through PHI by every lane's value (in lane order). Each PHI names the
     reduce loops it runs in (after its two sources), so placement keeps the update inside them even when the
     value added does not depend on them. When there are few lanes, unrolled reduce lanes get accumulators of their
     own, combined after the loop: independent chains instead of one chain of dependent adds per output."""
+    lanes = self.lanes if lanes is None else lanes
     if self.valu is not None and op in (Ops.ADD, Ops.MAX) and dtype in self.opts.vector_dtypes and \
        dtypes.is_float(dtype) and all(v is not None for v in values):
-      vec = self.vector_accumulate(op, dtype, values, lanes_to_acc, enclosing, loops)
+      vec = self.vector_accumulate(op, dtype, values, lanes_to_acc, enclosing, loops, lanes)
       if vec is not None: return vec
-    split = len(self.lanes) <= MAX_PARTIAL_ACCS and len(set(lanes_to_acc.values())) < len(self.lanes)
-    acc_of = {ln: ln for ln in self.lanes} if split else lanes_to_acc
+    split = len(lanes) <= MAX_PARTIAL_ACCS and len(set(lanes_to_acc.values())) < len(lanes)
+    acc_of = {ln: ln for ln in lanes} if split else lanes_to_acc
     accs: dict[tuple, UOp] = {}
     for key in dict.fromkeys(acc_of.values()):
       accs[key] = UOp(Ops.DEFINE_ACC, dtype, (self.reduce_identity(op, dtype),) + enclosing, self.acc_count)
       self.acc_count += 1
-    for ln, val in zip(self.lanes, values):
+    for ln, val in zip(lanes, values):
       key = acc_of[ln]
       if val is None: continue
       new = UOp(op, dtype, (accs[key], val))
       accs[key] = UOp(Ops.PHI, dtype, (accs[key], new) + loops)
     if not split: return accs
     partials: dict[tuple, list[UOp]] = {}
-    for ln in self.lanes: partials.setdefault(lanes_to_acc[ln], []).append(accs[ln])
+    for ln in lanes: partials.setdefault(lanes_to_acc[ln], []).append(accs[ln])
     return {key: _tree(op, dtype, parts) for key, parts in partials.items()}
 
   def vector_accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple,
-                        loops: tuple[UOp, ...]) -> dict | None:
+                        loops: tuple[UOp, ...], lanes: list[tuple[int, ...]]) -> dict | None:
     """One vector accumulator per group of lanes along the vector axis (when every group's values are a real
     vector); after the loop, each output combines its lanes' partials in a balanced tree."""
-    groups = self.group_lanes(self.valu, self.lanes)
-    vecs = [self.as_vector([values[self.lane_index[ln]] for ln in g]) for g in groups]
+    groups = self.group_lanes(self.valu, lanes)
+    if any(len(g) != self.valu[1] for g in groups): return None   # the vector slot is not one this reduce varies along
+    position = {ln: i for i, ln in enumerate(lanes)}
+    vecs = [self.as_vector([values[position[ln]] for ln in g]) for g in groups]
     if len(groups) > MAX_PARTIAL_ACCS or not all(real for _, real in vecs): return None
     ident = self.reduce_identity(op, dtype)
     by_keys: dict[tuple, list[UOp]] = {}   # accumulators whose lanes feed the same outputs, lane for lane
@@ -381,7 +386,7 @@ class Lowerer:
     g, t = idxs[k.first_reduce - 2], idxs[k.first_reduce - 1]
     ax_g, ax_t = k.first_reduce - 2, k.first_reduce - 1
     ax_nl, ax_mh, ax_k = k.first_upcast, k.first_upcast + 1, k.first_upcast + 2
-    pos = {ax: j for j, ax in enumerate(self.up_axes)}
+    pos = self.slot_of   # a TC kernel has one reduce: one slot per upcast axis
     others = [j for j in range(len(self.up_axes)) if self.up_axes[j] not in (ax_nl, ax_mh, ax_k)]
     st_a, st_b = k.sts[k.accesses.index(plan.a)], k.sts[k.accesses.index(plan.b)]
     zero = UOp.const(dtypes.index, 0)
@@ -460,6 +465,142 @@ class Lowerer:
     return [accs2[out_key[ln]] for ln in self.lanes], gate, late_idx
 
 
+# ***** several reduces in one kernel *****
+
+class MultiLowerer(Lowerer):
+  """A kernel whose reduces have private axes (fused softmax/layernorm): each reduce runs its own loops (and thread
+  group) inside only the outer loops it depends on, one after another; its result is broadcast to the phases that use
+  it; the elementwise output comes last. On devices with thread blocks, the axes of different phases share thread
+  ids and lanes (kernel.thread_slots / lane_slots), grouped reduces end with every thread reading all partials (no
+  gate: all threads go on), and global axes that not every reduce depends on become loops, not grid dims."""
+
+  def make_indices(self) -> list[UOp | None]:
+    k, fs = self.k, self.full_shape
+    idxs: list[UOp | None] = [None] * k.shape_len
+    self.global_loops: dict[int, UOp] = {}
+    deps = [k.phase_axes(r) for r in k.reduceops]
+    parent: UOp | None = None
+    if self.opts.has_local:
+      grid = [i for i in range(k.global_dims) if all(i in d for d in deps)]
+      for i, g in zip(grid, _grouped_specials("gidx", [fs[i] for i in grid], 3, 0)): idxs[i] = g
+      self.thread_slots = k.thread_slots() if not k.dont_use_locals else []
+      self.thread_ids = _grouped_specials("lidx", [fs[slot[0]] for slot in self.thread_slots], 3, 0)
+      for slot, tid in zip(self.thread_slots, self.thread_ids):
+        for ax in slot: idxs[ax] = tid
+      loop_axes = [i for i in range(k.global_dims) if i not in grid]
+    else:
+      self.thread_slots, self.thread_ids = [], []
+      loop_axes = list(range(k.global_dims))
+      if k.threads > 1:
+        idxs[0] = UOp(Ops.SPECIAL, dtypes.index, (), SpecialArg("core0", 0, k.threads))
+        loop_axes = loop_axes[1:]
+    for i in loop_axes:
+      parent = self.loop(f"gidx{i}", fs[i], parent)
+      idxs[i] = self.global_loops[i] = parent
+    self.outer_blocks = (parent,) if parent is not None else ()
+    self.loop_count = 0
+    return idxs
+
+  def lower(self) -> UOp:
+    k = self.k
+    idxs = self.make_indices()
+    self.values = {}
+    for r in k.reduceops:
+      self.values[r] = self.lower_one_reduce(r, idxs)
+      for n in list(self.values):  # values inside a reduce body depend on its loops
+        if n.op is not Ops.REDUCE: del self.values[n]
+    store_axes = k.phase_axes(None)
+    gate: UOp | None = None
+    idle = [tid for slot, tid in zip(self.thread_slots, self.thread_ids) if not any(ax in store_axes for ax in slot)]
+    if idle:  # thread ids the output does not vary along: one thread writes
+      cond = UOp.const(dtypes.bool, True)
+      for tid in idle: cond = cond & tid.eq(0)
+      gate = UOp(Ops.IF, dtypes.void, (simplify(cond),))
+    stores: list[UOp] = []
+    for access in k.accesses:
+      if access.op is not Ops.STORE: continue
+      st = k.sts[k.accesses.index(access)]
+      vals = self.lower_node(access.src[2], idxs, zero_reduce=True)
+      stores += self.store(st, access.src[0], idxs, vals, zero_reduce=True, extra=(gate,) if gate is not None else ())
+    return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+  def lower_one_reduce(self, r: UOp, idxs: list[UOp | None]) -> list[UOp]:
+    k, fs = self.k, self.full_shape
+    own = k.own_axes(r)
+    deps = k.phase_axes(r) - own
+    first_loop = k.first_reduce + k.group_for_reduces
+    # the reduce runs inside the outer loops it depends on, and only those
+    outer = [self.global_loops[i] for i in sorted(self.global_loops) if i in deps]
+    parent = outer[-1] if outer else None
+    enclosing = (parent,) if parent is not None else ()
+    ridxs = list(idxs)
+    for i in sorted(a for a in own if first_loop <= a < k.first_upcast):
+      parent = self.loop(f"ridx{self.loop_count}", fs[i], parent)
+      self.loop_count += 1
+      ridxs[i] = parent
+    loops = (parent,) if parent is not None and parent not in enclosing else ()
+    # lanes this reduce varies along: the rest hold copies
+    relevant = {self.slot_of[a] for a in self.up_axes if a in own | deps}
+    keep = {self.slot_of[a] for a in self.up_axes if a in deps}
+    lanes = [ln for ln in self.lanes if all(c == 0 for j, c in enumerate(ln) if j not in relevant)]
+    def key(ln): return tuple(c if j in keep else 0 for j, c in enumerate(ln))
+    values = self.lower_node(r.src[0], ridxs, zero_reduce=False)
+    accs = self.accumulate(r.arg.op, r.dtype, [values[self.lane_index[ln]] for ln in lanes], {ln: key(ln) for ln in lanes},
+                           enclosing, loops, lanes)
+    groups = [j for j, slot in enumerate(self.thread_slots) if any(ax in own for ax in slot)]
+    if groups: accs = self.share_partials(r, accs, groups, enclosing)
+    return [accs[key(ln)] for ln in self.lanes]
+
+  def share_partials(self, r: UOp, accs: dict, groups: list[int], enclosing: tuple) -> dict:
+    """Each thread's partial results go to shared memory and every thread ends up with its group's total (the
+    threads that differ only in this reduce's group ids): a tree of halving steps, one barrier each, when the group
+    is one power-of-two thread id; else every thread reads all partials of its group after one barrier."""
+    sizes = [self.full_shape[slot[0]] for slot in self.thread_slots]
+    keys = list(accs)
+    threads = int(prod(sizes))
+    temp = UOp(Ops.DEFINE_LOCAL, r.dtype.ptr(local=True), (), LocalArg(f"temp{self.acc_count}", threads * len(keys)))
+
+    def flat(ids: list[UOp], n: int) -> UOp:
+      out = UOp.const(dtypes.index, 0)
+      for i, s in zip(ids, sizes): out = out * s + i
+      return simplify(out + n * threads)
+    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, flat(self.thread_ids, n), accs[key])) for n, key in enumerate(keys))
+    barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+    size = sizes[groups[0]]
+    if len(groups) == 1 and size & (size - 1) == 0:
+      j, tid = groups[0], self.thread_ids[groups[0]]
+      def at(g: UOp) -> list[UOp]: return [g if i == j else t for i, t in enumerate(self.thread_ids)]
+      half = size // 2
+      while half >= 1:
+        active = simplify(tid < half)
+        gate = UOp(Ops.IF, dtypes.void, (active, barrier))
+        step = []
+        for n in range(len(keys)):
+          mine = self.emit_load(temp, (flat(self.thread_ids, n), active), r.dtype, barrier)
+          other = self.emit_load(temp, (flat(at(tid + half), n), active), r.dtype, barrier)
+          step.append(UOp(Ops.STORE, dtypes.void, (temp, flat(self.thread_ids, n), UOp(r.arg.op, r.dtype, (mine, other)),
+                                                   gate)))
+        barrier = UOp(Ops.BARRIER, dtypes.void, tuple(step))
+        half //= 2
+      zero = UOp.const(dtypes.index, 0)
+      return {key: UOp(Ops.LOAD, r.dtype, (temp, flat(at(zero), n), barrier)) for n, key in enumerate(keys)}
+    parent = enclosing[-1] if enclosing else None
+    ids = list(self.thread_ids)
+    loops = []
+    for j in groups:
+      parent = self.loop(f"tidx{self.loop_count}", sizes[j], parent)
+      self.loop_count += 1
+      ids[j] = parent
+      loops.append(parent)
+    out = {}
+    for n, key in enumerate(keys):
+      acc = UOp(Ops.DEFINE_ACC, r.dtype, (self.reduce_identity(r.arg.op, r.dtype),) + enclosing, self.acc_count)
+      self.acc_count += 1
+      partial = UOp(Ops.LOAD, r.dtype, (temp, flat(ids, n), barrier))
+      out[key] = UOp(Ops.PHI, r.dtype, (acc, UOp(r.arg.op, r.dtype, (acc, partial))) + (loops[-1],))
+    return out
+
+
 # ***** step 4: placement and ordering *****
 
 def _merge_chains(chains: list[tuple[UOp, ...]], node: UOp) -> tuple[UOp, ...]:
@@ -497,6 +638,8 @@ def linearize_graph(sink: UOp) -> list[UOp]:
   seen_as: dict[UOp, tuple[UOp, ...]] = {}  # enclosing blocks of the node's value, as consumers see it
   for n in nodes:
     chain = _merge_chains([seen_as[s] for s in n.src], n)
+    if n.op is Ops.BARRIER:   # every thread must reach a barrier: it waits after the gated stores, never inside
+      while chain and chain[-1].op is Ops.IF: chain = chain[:-1]
     place[n] = chain
     if n.op in (Ops.LOOP, Ops.IF): seen_as[n] = chain + (n,)
     elif n.op is Ops.PHI: seen_as[n] = seen_as[n.src[0]]
@@ -559,7 +702,7 @@ def linearize_graph(sink: UOp) -> list[UOp]:
 
 def linearize(k: Kernel) -> LinearProgram:
   """Kernel -> flat UOp list, applying the named steps in order."""
-  lowerer = Lowerer(k)
+  lowerer = MultiLowerer(k) if k.multireduce else Lowerer(k)
   graph = lowerer.lower()
   graph = graph_rewrite(graph, symbolic)
   uops = linearize_graph(graph)

@@ -9,15 +9,17 @@ permuting view or by several consumers, or an op whose padding would not stay ze
 from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
-from fusegrad.helpers import prod, stage
+from fusegrad.helpers import prod, stage, all_int
 from fusegrad.dtype import dtypes
 from fusegrad.uop import UOp, Ops, GroupOp
 from fusegrad.shape.shapetracker import ShapeTracker
+from fusegrad.shape.view import View, strides_for_shape
 from fusegrad.lazy import LazyBuffer
 from fusegrad.device import Buffer
 
 # ops whose output is not 0 where all inputs are 0: they can't be computed under a padding view
 UNSAFE_PAD = frozenset({Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.FDIV, Ops.POW, Ops.CMPEQ})
+MAX_NESTED = 4   # reduces one kernel may compute inside itself besides its own
 # lazy graphs can be long chains; building a kernel walks them recursively
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
@@ -90,6 +92,7 @@ class _KernelBuilder:
     self.var_vals: dict[UOp, int] = {}
     self.memo: dict[tuple[LazyBuffer, ShapeTracker], UOp] = {}
     self.fused_reduce = self.find_fusable_reduce()
+    self.nested: dict[LazyBuffer, int] = {}   # reduce computed inside this kernel -> first of its private axes
 
   def view(self, st: ShapeTracker) -> UOp:
     st, var_vals = st.unbind()
@@ -102,6 +105,14 @@ class _KernelBuilder:
     top = ShapeTracker.from_shape(out.shape).reshape(kernel_shape) if kernel_shape != out.shape else \
         ShapeTracker.from_shape(out.shape)
     src = out.srcs[0] if out.op is Ops.CONTIGUOUS else out
+    # reduces computed inside this kernel get private axes after the kernel's own (size 1 outside their bodies)
+    extra = 0
+    for b in self.find_nested_reduces(src if src is not out else None):
+      self.nested[b] = len(kernel_shape) + extra
+      extra += len(b.arg.axis)
+    if extra: top = top.reshape(top.shape + (1,) * extra)
+    self.reduce_axes = set(range(len(kernel_shape), len(kernel_shape) + extra))
+    if self.fused_reduce is not None: self.reduce_axes |= set(self.fused_reduce.arg.axis)
     value = self.node(src, top) if src is not out else self.inline(out, top)
     store = UOp(Ops.STORE, dtypes.void, (self.buf_uops[out], self.view(top), value))
     return ScheduleItem(UOp(Ops.SINK, dtypes.void, (store,)), tuple(self.bufs), self.var_vals, (out,))
@@ -122,6 +133,65 @@ class _KernelBuilder:
         continue
       if b.op in GroupOp.ALU or b.op in (Ops.CAST, Ops.BITCAST): stack.extend(b.srcs)
     return None
+
+  def find_nested_reduces(self, start: LazyBuffer | None) -> list[LazyBuffer]:
+    """REDUCEs this kernel can compute itself although their result is broadcast (softmax's max and sum): used by
+    nothing else, read through unmasked views, with a non-reduced axis (a full reduction stays its own kernel, so
+    that it is not one thread block's work on a GPU)."""
+    found: list[LazyBuffer] = []
+    stack = [start] if start is not None else list(self.out.srcs)
+    if self.fused_reduce is not None: stack = list(self.fused_reduce.srcs) + stack
+    seen: set[int] = set()
+    while stack:
+      lb = stack.pop()
+      b = lb.base
+      if id(lb) in seen or (b is not self.out and self.is_realized(b)): continue
+      seen.add(id(lb))
+      if b.op is Ops.REDUCE:
+        if b is not self.fused_reduce and b not in found and len(found) < MAX_NESTED and self.nestable(b, lb):
+          found.append(b)
+          stack.extend(b.srcs)
+        continue
+      if b.op in GroupOp.ALU or b.op in (Ops.CAST, Ops.BITCAST): stack.extend(b.srcs)
+    return found
+
+  def nestable(self, b: LazyBuffer, lb: LazyBuffer) -> bool:
+    """A cheap first check; nested_view decides with the view the kernel reads b through."""
+    src = b.srcs[0]
+    if not (all_int(src.shape) and all_int(lb.shape)) or self.sched.consumers.get(b, 0) > 1: return False
+    if any(v.mask is not None for v in lb.st.views): return False
+    return 1 < prod(b.shape) < prod(src.shape)
+
+  def nested_view(self, b: LazyBuffer, st: ShapeTracker) -> ShapeTracker | None:
+    """The view of b's input in kernel space: `st` (kernel -> b) with b's private axes standing for the reduced
+    axes. Axes along which b's result is only broadcast become size 1, so the same reduce reached from two places
+    is one UOp and the linearizer sees which axes it varies along."""
+    src, axes, pos = b.srcs[0], b.arg.axis, self.nested[b]
+    last = st.views[-1]
+    keep = [not (st_ == 0 and (last.mask is None or last.mask[i] == (0, n)))
+            for i, (n, st_) in enumerate(zip(last.shape, last.strides))]
+    if any(last.shape[pos + j] != 1 for j in range(len(axes))): return None
+    # b must not vary along a reduce axis (its own result would be needed inside another reduce's loop)
+    if any(k and i in self.reduce_axes for i, k in enumerate(keep)): return None
+    squeezed = View.create(tuple(n if k else 1 for n, k in zip(last.shape, keep)), last.strides, last.offset,
+                           None if last.mask is None else tuple(m if k else (0, 1) for m, k in zip(last.mask, keep)))
+    views = st.views[:-1] + (squeezed,)
+    red = tuple(src.shape[a] for a in axes)
+    size = prod(red)
+    # every view addresses b's elements; b's input laid out as (b's elements, reduced elements) adds a fast index
+    wide = tuple(View.create(v.shape + red, tuple(x * size for x in v.strides) + strides_for_shape(red),
+                             v.offset * size, None if v.mask is None else v.mask + tuple((0, n) for n in red))
+                 for v in views)
+    n = len(last.shape)
+    order: list[int] = []
+    for i in range(n):
+      order.append(i)
+      if pos <= i < pos + len(red): order.append(n + i - pos)
+    placed = ShapeTracker(wide).permute(tuple(order))
+    placed = placed.reshape(tuple(red[i - pos] if pos <= i < pos + len(red) else s
+                                  for i, s in enumerate(views[-1].shape)))
+    layout = ShapeTracker.from_shape(src.shape).permute(tuple(i for i in range(len(src.shape)) if i not in axes) + axes)
+    return layout + placed
 
   def is_realized(self, b: LazyBuffer) -> bool:
     return b.realized is not None or (b in self.sched.must_realize and b is not self.out)
@@ -146,9 +216,14 @@ class _KernelBuilder:
     if b.op is Ops.CONST: return UOp(Ops.CONST, b.dtype, (self.view(st),), b.arg)
     masked = any(v.mask is not None for v in st.views)
     if b.op is Ops.REDUCE:
-      if b is self.fused_reduce and st.contiguous and st.shape == b.shape:
+      if b is self.fused_reduce and st.contiguous and st.shape[:len(b.shape)] == b.shape and \
+         all(n == 1 for n in st.shape[len(b.shape):]):
         src = b.srcs[0]
-        return UOp(Ops.REDUCE, b.dtype, (self.node(src, ShapeTracker.from_shape(src.shape)),), b.arg)
+        full = ShapeTracker.from_shape(src.shape)
+        if len(st.shape) > len(src.shape): full = full.reshape(src.shape + (1,) * (len(st.shape) - len(src.shape)))
+        return UOp(Ops.REDUCE, b.dtype, (self.node(src, full),), b.arg)
+      if b in self.nested and (inner := self.nested_view(b, st)) is not None:
+        return UOp(Ops.REDUCE, b.dtype, (self.node(b.srcs[0], inner),), b.arg)
       return self.load(b, st)
     if b.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.EMPTY, Ops.BUFFER): return self.load(b, st)
     if masked and b.op in UNSAFE_PAD: return self.load(b, st)
