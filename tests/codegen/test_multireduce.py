@@ -37,7 +37,6 @@ def _kernels(t: Tensor) -> list:
   return [si for si in create_schedule([t.lazydata]) if si.ast.op is Ops.SINK]
 
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_one_kernel_matches_numpy(device, shape, name):
@@ -49,7 +48,6 @@ def test_one_kernel_matches_numpy(device, shape, name):
   np.testing.assert_allclose(out.numpy(), ref(x.astype(np.float64)), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
 def test_without_opts(device):
   x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
   with Context(NOOPT=True):
@@ -57,10 +55,10 @@ def test_without_opts(device):
   np.testing.assert_allclose(out, _np_softmax(x.astype(np.float64)), rtol=2e-5, atol=2e-6)
 
 
-def test_nan_and_inf_propagate_like_numpy():
+def test_nan_and_inf_propagate_like_numpy(device):
   x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
   x[1, 3], x[2, 5] = np.nan, np.inf
-  for device in ("CPU", "PYTHON"):
+  if True:
     got = Tensor(x, device=device).softmax(-1).numpy()
     with np.errstate(invalid="ignore"):
       want = _np_softmax(x)
@@ -68,15 +66,19 @@ def test_nan_and_inf_propagate_like_numpy():
     np.testing.assert_allclose(got[[0, 3]], want[[0, 3]], rtol=2e-5, atol=2e-6)
 
 
-def test_gpu_form_groups_every_reduce_and_shares_threads():
+@pytest.mark.parametrize("gpu", ["PYTHON", "CUDA"])
+def test_gpu_form_groups_every_reduce_and_shares_threads(gpu):
   """On a device with thread blocks, softmax of long rows is one block per row: both reduces grouped over the same
-  threads that write the output, partials combined in shared memory with barriers."""
+  threads that write the output, partials combined in shared memory with barriers (CUDA: rendered and compiled
+  with NVRTC, no GPU needed)."""
   x = Tensor.rand(4, 2048, device="PYTHON").realize()
   si = _kernels(x.softmax(-1))[0]
-  k = kernel_for(si.ast, "PYTHON")
+  k = kernel_for(si.ast, gpu)
   assert [o.op for o in k.applied_opts].count(OptOps.GROUP) == 2
   assert len(k.thread_slots()) == 1
-  uops = render_kernel(k, "PYTHON").lin.uops
+  ks = render_kernel(k, gpu)
+  if gpu == "CUDA": assert "__syncthreads" in ks.src and "__shared__" in ks.src
+  uops = ks.lin.uops
   assert sum(u.op is Ops.DEFINE_LOCAL for u in uops) == 2 and any(u.op is Ops.BARRIER for u in uops)
   specials = {u.arg.name: u.arg.size for u in uops if u.op is Ops.SPECIAL}
   assert specials["gidx0"] == 4 and list(v for n, v in specials.items() if n.startswith("lidx")) == [256]
