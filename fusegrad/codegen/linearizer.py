@@ -494,8 +494,8 @@ class MultiLowerer(Lowerer):
       if k.threads > 1:
         idxs[0] = UOp(Ops.SPECIAL, dtypes.index, (), SpecialArg("core0", 0, k.threads))
         loop_axes = loop_axes[1:]
-    for i in loop_axes:
-      parent = self.loop(f"gidx{i}", fs[i], parent)
+    for i in loop_axes:   # (named apart from the grid ids, which are numbered from 0 too)
+      parent = self.loop(f"{'oidx' if self.opts.has_local else 'gidx'}{i}", fs[i], parent)
       idxs[i] = self.global_loops[i] = parent
     self.outer_blocks = (parent,) if parent is not None else ()
     self.loop_count = 0
@@ -766,6 +766,7 @@ def verify_uops(uops: list[UOp]) -> None:
   head_rank = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_LOCAL: 2}
   last_rank = 0
   consumers: set[UOp] = set()
+  index_names: dict[str, UOp] = {}
   for i, u in enumerate(uops):
     if u.op in head_rank:
       if not in_head: raise AssertionError(f"uop {i}: {u.op} after the first non-parameter uop")
@@ -776,6 +777,11 @@ def verify_uops(uops: list[UOp]) -> None:
     for s in u.src:
       if s not in seen: raise AssertionError(f"uop {i} ({u.op}): source {s.op} is not defined before it")
       consumers.add(s)
+    if u.op in (Ops.LOOP, Ops.SPECIAL):
+      name = u.arg if u.op is Ops.LOOP else u.arg.name
+      if name in index_names and index_names[name] is not u:
+        raise AssertionError(f"uop {i}: index name {name} is used by two different {u.op}s")
+      index_names[name] = u
     if u.op in (Ops.LOOP, Ops.IF): open_blocks.append(u)
     if u.op is Ops.END:
       if not open_blocks or open_blocks[-1] is not u.src[0]:
