@@ -29,6 +29,7 @@ from fusegrad.device import Device
 from fusegrad.helpers import STAGES
 from fusegrad.engine.jit import jit
 from fusegrad.engine.schedule import create_schedule
+from fusegrad.engine.search import beam_search
 from fusegrad.engine.realize import run_schedule, get_program
 from fusegrad.nn.state import get_state_dict, get_parameters
 
@@ -191,7 +192,20 @@ def first_run(row: dict):
     row["kernels_compiled"] = row.get("kernels_compiled", 0) + GlobalCounters.compile_count - compiled
 
 
-def run_case(case: Case, device: str, runs: int) -> dict | None:
+def run_beam(case: Case, device: str, runs: int, tensors: list, beam: int, budget: int, row: dict) -> None:
+  """Time the case again with the opts BEAM search finds (`beam` wide, `budget` s per kernel), and what a second
+  lookup (warm disk cache) costs per kernel; the heuristics are judged by fusegrad_s / beam_s (<= 1.5)."""
+  start = time.perf_counter()
+  with Context(BEAM=beam, BEAM_BUDGET=budget):
+    row["beam_s"] = time_fusegrad(case.make(Tensor, *tensors), device, runs)
+    row["beam_search_s"] = time.perf_counter() - start
+    kernels = [si for si in create_schedule([case.make(Tensor, *tensors).lazydata]) if si.ast.op.name == "SINK"]
+    start = time.perf_counter()
+    for si in kernels: beam_search(si.ast, si.bufs, si.var_vals, si.bufs[0].device)
+    row["beam_warm_s_per_kernel"] = (time.perf_counter() - start) / max(1, len(kernels))
+
+
+def run_case(case: Case, device: str, runs: int, beam: int = 0, budget: int = 60) -> dict | None:
   kind = "CUDA" if device == "CUDA" else "CPU"
   if kind not in case.shapes: return None
   shape = case.shapes[kind]
@@ -201,6 +215,7 @@ def run_case(case: Case, device: str, runs: int) -> dict | None:
     row["check_rel_err"] = check_small(case, device)
     tensors = [Tensor(x, device=device).realize() for x in inputs]
     row["fusegrad_s"] = time_fusegrad(case.make(Tensor, *tensors), device, runs)
+  if beam: run_beam(case, device, runs, tensors, beam, budget, row)
   if kind == "CPU":
     row["numpy_s"] = time_host(lambda: case.make(np, *inputs), runs)
   if torch is not None:
@@ -453,6 +468,14 @@ def print_table(rows: list[dict]) -> None:
     print(f"{r['case']:<13} {'x'.join(map(str, r['shape'])):<14} {r['fusegrad_s'] * 1e3:>8.3f}ms {r['gbps']:>8.1f} "
           f"{r['gflops']:>9.1f} {ratios} {r['check_rel_err']:>9.1e}")
   print("ratios are peer time / fusegrad time: above 1 means fusegrad is faster")
+  beams = [r for r in rows if "beam_s" in r]
+  if beams:
+    print(f"{'case':<13} {'heuristic':>10} {'BEAM':>10} {'heur/BEAM':>10} {'<=1.5':>6} {'search s':>9} "
+          f"{'warm ms/kernel':>15}")
+    for r in beams:
+      ratio = r["fusegrad_s"] / r["beam_s"]
+      print(f"{r['case']:<13} {r['fusegrad_s'] * 1e3:>8.3f}ms {r['beam_s'] * 1e3:>8.3f}ms {ratio:>10.2f} "
+            f"{'yes' if ratio <= 1.5 else 'NO':>6} {r['beam_search_s']:>9.1f} {r['beam_warm_s_per_kernel'] * 1e3:>15.2f}")
 
 
 def _in_unit(seconds: float, unit: str) -> str:
@@ -531,7 +554,7 @@ def main(args) -> int:
   with Context(DEV=device):
     for case in CASES:
       if args.cases and case.name not in args.cases: continue
-      row = run_case(case, device, runs)
+      row = run_case(case, device, runs, args.beam, args.beam_budget)
       if row is not None:
         rows.append(row)
         print(f"  {case.name}: {row['fusegrad_s'] * 1e3:.3f} ms", file=sys.stderr)
@@ -553,4 +576,6 @@ if __name__ == "__main__":
   parser.add_argument("--device", default=None)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--cases", nargs="*")
+  parser.add_argument("--beam", type=int, default=0, help="also time each case with BEAM search of this width")
+  parser.add_argument("--beam-budget", type=int, default=60, help="BEAM_BUDGET seconds per kernel for --beam")
   sys.exit(main(parser.parse_args()))

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--device", default=None)
   p.add_argument("--quick", action="store_true", help="fewer timed runs")
   p.add_argument("--cases", nargs="*", help="only these cases (e.g. ew_fused softmax)")
+  p.add_argument("--beam", type=int, default=0, help="also time each case with the opts BEAM search of this width "
+                 "finds, next to the heuristics")
+  p.add_argument("--beam-budget", type=int, default=60, help="BEAM_BUDGET seconds per kernel for --beam")
   p.set_defaults(fn=cmd_bench)
   args = parser.parse_args(argv)
   return args.fn(args)
