@@ -101,6 +101,9 @@ def _group_reduce(k: Kernel) -> None:
   # an input broadcast along an output axis (matmul, conv) is reused across outputs: tile the outputs instead
   reused = any(0 in st.real_strides()[:k.first_reduce] for st in k.load_sts())
   if size is None or size < 128 or (out_size > 2048 and (not contiguous or reused)): return
+  # a contiguous reduce axis: each thread reads float4s (unrolled by 4), neighbouring threads neighbouring float4s
+  if contiguous and size % 512 == 0 and _try(k, Opt(OptOps.UNROLL, reduce_axis - k.first_reduce, 4)):
+    size //= 4
   for amount in (256, 128, 64, 32, 16):
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 
@@ -142,8 +145,10 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
   different axis each time where there is one: a 4x4 register tile of a matmul reuses each load 4 times."""
   if k.opts.vector_alu and _vector_tile(k): return
   used: set[int] = set()
+  # thread blocks: an 8x8 tile per thread (each loaded value feeds 8 FMAs) where the axes allow, else 4x4
+  amount = 8 if k.opts.has_local else 4
   for _ in range(2):
-    if k.upcast_size() >= 16: return
+    if k.upcast_size() >= amount * amount: return
     candidates = []
     for axis in range(k.first_reduce):
       size = _int(k.full_shape[axis])
@@ -152,7 +157,8 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
     fresh = [a for a in candidates if a not in used]
     if not candidates: return
     axis = (fresh or candidates)[-1]
-    if not _try(k, Opt(OptOps.UPCAST, axis, 4)): return
+    if not (k.full_shape[axis] % amount == 0 and _try(k, Opt(OptOps.UPCAST, axis, amount))) and \
+       not _try(k, Opt(OptOps.UPCAST, axis, 4)): return
     used.add(axis)
 
 
@@ -168,7 +174,7 @@ def _unroll_reduce(k: Kernel) -> None:
     _try(k, Opt(OptOps.UNROLL, axis, width))   # vector devices: one whole vector of the contiguous input per step
   elif size <= 8 and k.upcast_size() * size <= 64:
     _try(k, Opt(OptOps.UNROLL, axis, size))
-  elif size % 4 == 0 and k.upcast_size() <= 16:
+  elif size % 4 == 0 and k.upcast_size() <= (64 if k.opts.has_local else 16):
     _try(k, Opt(OptOps.UNROLL, axis, 4))
 
 

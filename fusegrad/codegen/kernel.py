@@ -275,7 +275,9 @@ class Kernel:
       _check(amount <= 32, f"{opt}: upcast amount {amount} is too large (at most 32)")
       self.shift_to(axis, amount, insert_before=None)
       self.upcasted += 1
-      _check(self.lane_count() <= 256, f"{opt}: more than 256 upcasted elements")
+      # tensor-core kernels lower fragments, not lanes: the 16 K lanes of each mma do not count against the limit
+      limit = 256 * (16 if self.tensor_core is not None else 1)
+      _check(self.lane_count() <= limit, f"{opt}: more than {limit} upcasted elements")
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
       self.shift_to(axis, amount, top=opt.op is OptOps.LASTLOCAL, insert_before=self.first_reduce)
       self.local_dims += 1
