@@ -81,7 +81,13 @@ def _use_cores(k: Kernel) -> None:
 
 
 def _tile_tensor_cores(k: Kernel) -> None:
-  """Several m16n8k16 tiles per warp (register tiling): each loaded fragment feeds more than one WMMA."""
+  """Several m16n8k16 tiles per warp (register tiling): each loaded fragment feeds more than one WMMA. The N axis
+  takes 8 tiles and M 2 where they divide (the best of the tilings timed on the H200, bench/NOTES.md run 8)."""
+  n_axis, m_axis = k.first_reduce - k.local_dims - 1, k.first_reduce - k.local_dims - 2
+  if m_axis >= 0 and all(isinstance(k.full_shape[a], int) for a in (n_axis, m_axis)) and \
+     k.full_shape[n_axis] % 8 == 0 and k.full_shape[m_axis] % 2 == 0 and _try(k, Opt(OptOps.UPCAST, n_axis, 8)):
+    _try(k, Opt(OptOps.UPCAST, m_axis, 2))
+    return
   for _ in range(3):
     for axis in range(k.first_reduce - k.local_dims - 1, -1, -1):
       size = k.full_shape[axis]
@@ -144,11 +150,10 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
   """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast), a
   different axis each time where there is one: a 4x4 register tile of a matmul reuses each load 4 times."""
   if k.opts.vector_alu and _vector_tile(k): return
+  if k.opts.has_local and _gpu_tile(k): return
   used: set[int] = set()
-  # thread blocks: an 8x8 tile per thread (each loaded value feeds 8 FMAs) where the axes allow, else 4x4
-  amount = 8 if k.opts.has_local else 4
   for _ in range(2):
-    if k.upcast_size() >= amount * amount: return
+    if k.upcast_size() >= 16: return
     candidates = []
     for axis in range(k.first_reduce):
       size = _int(k.full_shape[axis])
@@ -157,9 +162,29 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
     fresh = [a for a in candidates if a not in used]
     if not candidates: return
     axis = (fresh or candidates)[-1]
-    if not (k.full_shape[axis] % amount == 0 and _try(k, Opt(OptOps.UPCAST, axis, amount))) and \
-       not _try(k, Opt(OptOps.UPCAST, axis, 4)): return
+    if not _try(k, Opt(OptOps.UPCAST, axis, 4)): return
     used.add(axis)
+
+
+def _gpu_tile(k: Kernel) -> bool:
+  """Thread blocks: a register tile over two output axes that reuse different inputs (matmul: columns reuse A, rows
+  reuse B; conv: the image row reuses the weights, output channels reuse the image), 8x8 for a matmul and 4x8 for
+  a conv, the shapes that timed best on the H200 (bench/NOTES.md run 8)."""
+  def broadcast(axis: int) -> set[int]:
+    return {i for i, st in enumerate(k.load_sts()) if st.real_strides()[axis] == 0}
+  axes = [a for a in range(k.first_reduce) if _int(k.full_shape[a]) and k.full_shape[a] % 4 == 0 and broadcast(a)]
+  if not axes: return False
+  first = axes[-1]
+  second = next((a for a in reversed(axes) if a != first and broadcast(a) - broadcast(first)), None)
+  amounts = (4, 8) if len(axes) > 2 else (8, 8)
+  done = False
+  for axis, amount in ((first, amounts[0]), (second, amounts[1])):
+    if axis is None: continue
+    for amt in (amount, 4):
+      if k.full_shape[axis] % amt == 0 and _try(k, Opt(OptOps.UPCAST, axis, amt)):
+        done = True
+        break
+  return done
 
 
 def _unroll_reduce(k: Kernel) -> None:
@@ -172,7 +197,7 @@ def _unroll_reduce(k: Kernel) -> None:
   contiguous = any(st.real_strides()[k.first_upcast - 1] == 1 for st in k.load_sts())
   if width and contiguous and size % width == 0 and size > width and k.upcast_size() * width <= 64:
     _try(k, Opt(OptOps.UNROLL, axis, width))   # vector devices: one whole vector of the contiguous input per step
-  elif size <= 8 and k.upcast_size() * size <= 64:
+  elif size <= 8 and k.upcast_size() * size <= (128 if k.opts.has_local else 64):
     _try(k, Opt(OptOps.UNROLL, axis, size))
   elif size % 4 == 0 and k.upcast_size() <= (64 if k.opts.has_local else 16):
     _try(k, Opt(OptOps.UNROLL, axis, 4))
@@ -199,8 +224,8 @@ def _add_locals(k: Kernel) -> None:
   for axis in range(k.global_dims - 1, -1, -1):
     size = _int(k.full_shape[axis])
     if size is None: continue
-    for amount in (a for a in (256, 128, 64, 32, 16, 8, 4, 2) if a <= widest):
-      if amount <= budget and size % amount == 0 and size > amount and _try(k, Opt(OptOps.LOCAL, axis, amount)):
+    for amount in (a for a in (size, 256, 128, 64, 32, 16, 8, 4, 2) if a <= widest):
+      if amount <= budget and size % amount == 0 and amount > 1 and _try(k, Opt(OptOps.LOCAL, axis, amount)):
         budget //= amount
         break
     if budget < 2: return
