@@ -28,7 +28,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     _multireduce(k)
     if k.opts.max_threads > 1: _use_cores(k)
     return k
-  if k.opts.tensor_cores and match_matmul(k.reduceop) is not None and _try(k, Opt(OptOps.TC, 0, 0)):
+  if k.opts.tensor_cores and _tc_pays(k) and _try(k, Opt(OptOps.TC, 0, 0)):
     _tile_tensor_cores(k)
     return k
   if k.opts.has_local and k.reduceop is not None: _group_reduce(k)
@@ -72,6 +72,19 @@ def _multireduce(k: Kernel) -> None:
   if (a := output_axis(step)) is not None: _try(k, Opt(OptOps.LOCAL, a, threads))
 
 
+def _tc_pays(k: Kernel) -> bool:
+  """Tensor cores for fp16/bf16 matmuls, and for convs whose M axis is contiguous in the image. A conv whose M axis
+  is the batch (spatial sizes not multiples of 16) gathers every fragment element from a different image and ran
+  7x slower than FMAs with register tiles (bench/NOTES.md run 8: 2.4 ms vs 0.36 ms on the H200)."""
+  loads = match_matmul(k.reduceop)
+  if loads is None: return False
+  if k.first_upcast - k.first_reduce == 1: return True   # one reduce axis: a matmul
+  axes = k._tc_axes(loads[0], loads[1]) or k._tc_axes(loads[1], loads[0])
+  if axes is None: return False
+  m_axis, _, a, _ = axes
+  return k.sts[k.accesses.index(a)].real_strides(ignore_valid=True)[m_axis] == 1   # padding masks the edges
+
+
 def _use_cores(k: Kernel) -> None:
   """Split the outer axis across the cores when there is enough work (>= 256K element-steps) to pay for it."""
   work = prod(_int(s) or 1 for s in k.full_shape)
@@ -82,11 +95,11 @@ def _use_cores(k: Kernel) -> None:
 
 def _tile_tensor_cores(k: Kernel) -> None:
   """Several m16n8k16 tiles per warp (register tiling): each loaded fragment feeds more than one WMMA. The N axis
-  takes 8 tiles and M 2 where they divide (the best of the tilings timed on the H200, bench/NOTES.md run 8)."""
+  takes 8 tiles and M 4 where they divide (the best of the tilings timed on the H200, bench/NOTES.md run 8)."""
   n_axis, m_axis = k.first_reduce - k.local_dims - 1, k.first_reduce - k.local_dims - 2
   if m_axis >= 0 and all(isinstance(k.full_shape[a], int) for a in (n_axis, m_axis)) and \
      k.full_shape[n_axis] % 8 == 0 and k.full_shape[m_axis] % 2 == 0 and _try(k, Opt(OptOps.UPCAST, n_axis, 8)):
-    _try(k, Opt(OptOps.UPCAST, m_axis, 2))
+    if not (k.full_shape[m_axis] % 4 == 0 and _try(k, Opt(OptOps.UPCAST, m_axis, 4))): _try(k, Opt(OptOps.UPCAST, m_axis, 2))
     return
   for _ in range(3):
     for axis in range(k.first_reduce - k.local_dims - 1, -1, -1):
@@ -108,9 +121,11 @@ def _group_reduce(k: Kernel) -> None:
   reused = any(0 in st.real_strides()[:k.first_reduce] for st in k.load_sts())
   if size is None or size < 128 or (out_size > 2048 and (not contiguous or reused)): return
   # a contiguous reduce axis: each thread reads float4s (unrolled by 4), neighbouring threads neighbouring float4s
+  amounts = (256, 128, 64, 32, 16)
   if contiguous and size % 512 == 0 and _try(k, Opt(OptOps.UNROLL, reduce_axis - k.first_reduce, 4)):
     size //= 4
-  for amount in (256, 128, 64, 32, 16):
+    amounts = (128, 64, 32, 16)   # float4 per thread: 128 threads cover 2 KB per step (timed best, NOTES run 8)
+  for amount in amounts:
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 
 
@@ -220,6 +235,7 @@ def _add_locals(k: Kernel) -> None:
   # reduce kernels (matmul, conv) want a 2-d block tile, so that neighbouring threads share the rows and columns
   # they load; elementwise kernels want long rows of threads
   total, widest = (128, 32) if k.reduceop is not None else (256, 256)
+  if k.reduceop is not None and k.upcast_size() >= 256: total = 64   # big register tiles: more, smaller blocks
   budget = total // max(1, prod(_int(s) or 1 for s in k.full_shape[k.global_dims:k.first_reduce + k.group_for_reduces]))
   for axis in range(k.global_dims - 1, -1, -1):
     size = _int(k.full_shape[axis])

@@ -281,14 +281,17 @@ def test_tensor_core_lowering_on_python(dtype, cast_in_kernel):
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
 def test_tensor_cores_for_a_half_conv2d(dtype):
   """A conv's sum over (cin, kh, kw) maps onto tensor cores with K = cin and kh, kw as reduce loops (padding gates
-  the fragment loads); heuristics pick TC by default and the result matches float64 within 1e-2."""
+  the fragment loads), matching float64 within 1e-2. Heuristics pick TC by default when the M axis is contiguous
+  in the image (width 16 here); with a 6-wide image M would be the batch, and they use FMAs instead."""
   rng = np.random.default_rng(2)
   x, w = rng.standard_normal((16, 16, 6, 6)).astype(np.float32), rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
   out = Tensor(x, device="PYTHON").cast(dtype).conv2d(Tensor(w, device="PYTHON").cast(dtype), padding=1).float()
   si = one_kernel(out.lazydata)
-  k = kernel_for(si.ast, "PYTHON")
-  assert k.tensor_core is not None
-  got, ck = run_with(si, "PYTHON", None)
+  assert kernel_for(si.ast, "PYTHON").tensor_core is None
+  wide = Tensor(rng.standard_normal((2, 16, 4, 16)).astype(np.float32), device="PYTHON").cast(dtype)
+  assert kernel_for(one_kernel(wide.conv2d(Tensor(w, device="PYTHON").cast(dtype), padding=1).lazydata).ast,
+                    "PYTHON").tensor_core is not None
+  got, ck = run_with(si, "PYTHON", [Opt(OptOps.TC, 0, 0)])
   assert sum(u.op is Ops.WMMA for u in ck.lin.uops) >= 1
   ref = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
                                    padding=1).numpy()
