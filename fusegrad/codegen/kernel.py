@@ -143,11 +143,14 @@ class Kernel:
 
   @property
   def full_shape(self) -> tuple:
-    out = []
-    for i in range(self.shape_len):
-      sizes = [st.shape[i] for st in self.sts if not (isinstance(st.shape[i], int) and st.shape[i] == 1)]
-      out.append(sizes[0] if sizes else 1)
-    return tuple(out)
+    # remembered per list of views (every change to the layout assigns a new list)
+    if getattr(self, "_full_shape_of", None) is not self.sts:
+      out = []
+      for i in range(self.shape_len):
+        sizes = [st.shape[i] for st in self.sts if not (isinstance(st.shape[i], int) and st.shape[i] == 1)]
+        out.append(sizes[0] if sizes else 1)
+      self._full_shape, self._full_shape_of = tuple(out), self.sts
+    return self._full_shape
 
   def _is_reduce_axis(self, i: int) -> bool:
     return self.output_shape[i] == 1 and not (isinstance(self.full_shape[i], int) and self.full_shape[i] == 1)
