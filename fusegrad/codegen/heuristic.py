@@ -165,7 +165,7 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
   """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast), a
   different axis each time where there is one: a 4x4 register tile of a matmul reuses each load 4 times."""
   if k.opts.vector_alu and _vector_tile(k): return
-  if k.opts.has_local and _gpu_tile(k): return
+  if (k.opts.has_local or k.opts.vector_alu) and _gpu_tile(k): return
   used: set[int] = set()
   for _ in range(2):
     if k.upcast_size() >= 16: return
@@ -184,14 +184,15 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
 def _gpu_tile(k: Kernel) -> bool:
   """Thread blocks: a register tile over two output axes that reuse different inputs (matmul: columns reuse A, rows
   reuse B; conv: the image row reuses the weights, output channels reuse the image), 8x8 for a matmul and 4x8 for
-  a conv, the shapes that timed best on the H200 (bench/NOTES.md run 8)."""
+  a conv, the shapes that timed best on the H200 (bench/NOTES.md run 8); on a vector CPU a conv takes 4x16
+  (131 -> 79 ms for the CPU bench conv)."""
   def broadcast(axis: int) -> set[int]:
     return {i for i, st in enumerate(k.load_sts()) if st.real_strides()[axis] == 0}
   axes = [a for a in range(k.first_reduce) if _int(k.full_shape[a]) and k.full_shape[a] % 4 == 0 and broadcast(a)]
   if not axes: return False
   first = axes[-1]
   second = next((a for a in reversed(axes) if a != first and broadcast(a) - broadcast(first)), None)
-  amounts = (4, 8) if len(axes) > 2 else (8, 8)
+  amounts = ((4, 16) if k.opts.vector_alu else (4, 8)) if len(axes) > 2 else (8, 8)
   done = False
   for axis, amount in ((first, amounts[0]), (second, amounts[1])):
     if axis is None: continue
@@ -212,7 +213,7 @@ def _unroll_reduce(k: Kernel) -> None:
   contiguous = any(st.real_strides()[k.first_upcast - 1] == 1 for st in k.load_sts())
   if width and contiguous and size % width == 0 and size > width and k.upcast_size() * width <= 64:
     _try(k, Opt(OptOps.UNROLL, axis, width))   # vector devices: one whole vector of the contiguous input per step
-  elif size <= 8 and k.upcast_size() * size <= (128 if k.opts.has_local else 64):
+  elif size <= 8 and k.upcast_size() * size <= (128 if k.opts.has_local else 192 if k.opts.vector_alu else 64):
     _try(k, Opt(OptOps.UNROLL, axis, size))
   elif size % 4 == 0 and k.upcast_size() <= (64 if k.opts.has_local else 16):
     _try(k, Opt(OptOps.UNROLL, axis, 4))
