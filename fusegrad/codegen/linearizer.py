@@ -444,12 +444,22 @@ class Lowerer:
     stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, temp_index(thread_idx, n), accs[key]))
                    for n, key in enumerate(out_lanes))
     barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+    late_idx = list(idxs)
+    for i in group_axes: late_idx[i] = UOp.const(dtypes.index, 0)
+    size = fs[group_axes[0]]
+    if len(group_axes) == 1 and isinstance(size, int) and size & (size - 1) == 0:
+      tid = idxs[group_axes[0]]
+      def index(g: UOp, n: int) -> UOp: return temp_index(thread_idx[:-1] + [g], n)
+      barrier = self.halving_tree(temp, index, tid, size, arg.op, red.dtype, len(out_lanes), barrier)
+      gate = UOp(Ops.IF, dtypes.void, (simplify(tid.eq(0)), barrier))
+      zero = UOp.const(dtypes.index, 0)
+      totals = {key: UOp(Ops.LOAD, red.dtype, (temp, index(zero, n), barrier)) for n, key in enumerate(out_lanes)}
+      return [totals[out_key[ln]] for ln in self.lanes], gate, late_idx
     first = UOp.const(dtypes.bool, True)
     for i in group_axes: first = first & idxs[i].eq(0)
     gate = UOp(Ops.IF, dtypes.void, (simplify(first), barrier))
     # second stage: loop over the group inside the gate
     parent = gate
-    late_idx = list(idxs)
     group_loops = []
     for j, i in enumerate(group_axes):
       parent = self.loop(f"tidx{j}", fs[i], parent)
@@ -461,8 +471,26 @@ class Lowerer:
       self.acc_count += 1
       partial = UOp(Ops.LOAD, red.dtype, (temp, temp_index(local_part, n), barrier))
       accs2[key] = UOp(Ops.PHI, red.dtype, (acc, UOp(arg.op, red.dtype, (acc, partial))) + tuple(group_loops))
-    for i in group_axes: late_idx[i] = UOp.const(dtypes.index, 0)
     return [accs2[out_key[ln]] for ln in self.lanes], gate, late_idx
+
+  def halving_tree(self, temp: UOp, index, tid: UOp, size: int, op: Ops, dtype: DType, count: int,
+                   barrier: UOp) -> UOp:
+    """Combine `size` partials along thread id `tid` in shared memory in log2(size) steps: in each, the lower half of
+    the threads combines its values with the upper half's, then all wait at a barrier. `index(g, n)` addresses
+    partial n of the thread whose group id is g. Returns the last barrier, after which group id 0 holds the totals
+    (a serial loop over the partials in one thread took ~size shared-memory latencies)."""
+    half = size // 2
+    while half >= 1:
+      active = simplify(tid < half)
+      gate = UOp(Ops.IF, dtypes.void, (active, barrier))
+      step = []
+      for n in range(count):
+        mine = self.emit_load(temp, (index(tid, n), active), dtype, barrier)
+        other = self.emit_load(temp, (index(tid + half, n), active), dtype, barrier)
+        step.append(UOp(Ops.STORE, dtypes.void, (temp, index(tid, n), UOp(op, dtype, (mine, other)), gate)))
+      barrier = UOp(Ops.BARRIER, dtypes.void, tuple(step))
+      half //= 2
+    return barrier
 
 
 # ***** several reduces in one kernel *****
@@ -570,18 +598,7 @@ class MultiLowerer(Lowerer):
     if len(groups) == 1 and size & (size - 1) == 0:
       j, tid = groups[0], self.thread_ids[groups[0]]
       def at(g: UOp) -> list[UOp]: return [g if i == j else t for i, t in enumerate(self.thread_ids)]
-      half = size // 2
-      while half >= 1:
-        active = simplify(tid < half)
-        gate = UOp(Ops.IF, dtypes.void, (active, barrier))
-        step = []
-        for n in range(len(keys)):
-          mine = self.emit_load(temp, (flat(self.thread_ids, n), active), r.dtype, barrier)
-          other = self.emit_load(temp, (flat(at(tid + half), n), active), r.dtype, barrier)
-          step.append(UOp(Ops.STORE, dtypes.void, (temp, flat(self.thread_ids, n), UOp(r.arg.op, r.dtype, (mine, other)),
-                                                   gate)))
-        barrier = UOp(Ops.BARRIER, dtypes.void, tuple(step))
-        half //= 2
+      barrier = self.halving_tree(temp, lambda g, n: flat(at(g), n), tid, size, r.arg.op, r.dtype, len(keys), barrier)
       zero = UOp.const(dtypes.index, 0)
       return {key: UOp(Ops.LOAD, r.dtype, (temp, flat(at(zero), n), barrier)) for n, key in enumerate(keys)}
     parent = enclosing[-1] if enclosing else None

@@ -82,12 +82,13 @@ def test_strided_upcast_stays_scalar():
 
 
 def test_grouped_reduce_emits_local_buffer_and_barrier():
-  """GROUP splits a reduce across threads: partials go to a DEFINE_LOCAL, a BARRIER, then one thread (IF) finishes."""
+  """GROUP splits a reduce across threads: partials go to a DEFINE_LOCAL; a group of 16 combines them in a halving
+  tree (4 steps: a gated step and a BARRIER each, after the first BARRIER), then one thread (IF) stores."""
   a = lb((4, 256), "PYTHON")
   si = one_kernel(a.r(Ops.ADD, (1,)))
   uops = uops_of(si, "PYTHON", [Opt(OptOps.GROUP, 0, 16)])
   ops = [u.op for u in uops]
-  assert ops.count(Ops.DEFINE_LOCAL) == 1 and ops.count(Ops.BARRIER) == 1 and ops.count(Ops.IF) == 1
+  assert ops.count(Ops.DEFINE_LOCAL) == 1 and ops.count(Ops.BARRIER) == 5 and ops.count(Ops.IF) == 5
   out, _ = run_with(si, "PYTHON", [Opt(OptOps.GROUP, 0, 16)])
   np.testing.assert_allclose(out, a.base.buffer.numpy().reshape(4, 256).sum(1), rtol=1e-5)
 
