@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from fusegrad.config import config
 from fusegrad.dtype import DType, dtypes
-from fusegrad.helpers import cache_dir, GlobalCounters, prod
+from fusegrad.helpers import cache_dir, GlobalCounters, prod, write_atomic
 from fusegrad.renderer.cstyle import Renderer
 
 KNOWN_DEVICES = ("CPU", "CUDA", "PYTHON")
@@ -40,10 +40,7 @@ class Compiler:
     path = cache_dir() / "kernels" / f"{digest}.bin"
     if path.exists(): return path.read_bytes()
     lib = self.compile(src)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{id(lib)}")
-    tmp.write_bytes(lib)
-    tmp.replace(path)
+    write_atomic(path, lib)   # a temporary file, then a rename: parallel processes never see half a binary
     return lib
 
 

@@ -38,14 +38,19 @@ def toposort(root: T, sources: Callable[[T], Iterable[T]]) -> list[T]:
   order: list[T] = []
   seen: set[int] = set()
   stack: list[tuple[T, bool]] = [(root, False)]
+  pop, push, mark = stack.pop, stack.append, seen.add   # a hot loop (every UOp walk): bound methods, no generators
   while stack:
-    node, expanded = stack.pop()
+    node, expanded = pop()
     if expanded:
       order.append(node)
-    elif id(node) not in seen:
-      seen.add(id(node))
-      stack.append((node, True))
-      stack.extend((s, False) for s in reversed(list(sources(node))) if id(s) not in seen)
+      continue
+    if id(node) in seen: continue
+    mark(id(node))
+    push((node, True))
+    srcs = sources(node)
+    if type(srcs) is not tuple and type(srcs) is not list: srcs = list(srcs)
+    for i in range(len(srcs) - 1, -1, -1):   # pushed last to first, so they are visited first to last
+      if id(srcs[i]) not in seen: push((srcs[i], False))
   return order
 
 
@@ -134,6 +139,19 @@ def cache_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "fusegrad"
   path.mkdir(parents=True, exist_ok=True)
   return path
+
+
+def write_atomic(path: pathlib.Path, data: str | bytes) -> None:
+  """Write a file that readers never see half-written, however many processes write it at once: the data goes to a
+  temporary file of a name only this writer uses, which is then renamed over `path`. Raises OSError on failure."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+  try:
+    if isinstance(data, bytes): tmp.write_bytes(data)
+    else: tmp.write_text(data)
+    os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
 
 
 # the compiler stages GlobalCounters.stage_s reports, in pipeline order

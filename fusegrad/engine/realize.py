@@ -1,7 +1,8 @@
 """Running a schedule: kernel AST -> optimized Kernel -> UOps -> source -> compiled program -> launch.
 
 Compiled programs are cached in memory by (AST, device) — ASTs are hash-consed, so the lookup is one dict probe —
-and on disk by source (device.py). Counters and DEBUG output are kept here: DEBUG=2 prints one line per kernel,
+on disk as rendered programs by AST (compile.py, so a new process skips optimizing, linearizing and rendering) and
+as binaries by source (device.py). Counters and DEBUG output are kept here: DEBUG=2 prints one line per kernel,
 3 the applied opts, 4 the source, 5 the UOps.
 """
 from __future__ import annotations
@@ -9,12 +10,13 @@ import contextlib
 import time
 from dataclasses import dataclass
 from fusegrad.config import config
-from fusegrad.helpers import GlobalCounters, colored, ansilen, stage
+from fusegrad.helpers import GlobalCounters, ansilen, stage
 from fusegrad.uop import UOp, Ops
 from fusegrad.device import Device, Buffer
 from fusegrad.codegen.kernel import Kernel, Opt
 from fusegrad.codegen.linearizer import LinearProgram
-from fusegrad.engine.compile import kernel_for, render_kernel
+from fusegrad.engine.compile import KernelSource, ProgramInfo, build_program, render_kernel
+from fusegrad.engine.compile import kernel_for  # noqa: F401  (re-exported: tests and tools import it from here)
 from fusegrad.engine.search import beam_search
 from fusegrad.engine.schedule import ScheduleItem
 
@@ -26,7 +28,7 @@ class CompiledKernel:
   display_name: str
   device: str
   program: object
-  lin: LinearProgram
+  lin: LinearProgram | ProgramInfo   # a ProgramInfo when the program came from the disk cache
   src: str
   opts: list[Opt]
   compile_s: float
@@ -47,33 +49,42 @@ def capture_kernels():
     _CAPTURE.remove(record)
 
 
-def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
-  start = time.perf_counter()
-  ks = render_kernel(k, device)
+def _load(ks: KernelSource, device: str, start: float) -> CompiledKernel:
   with stage("compile"):   # loading the binary is the last step of compiling
     program = Device[device].program(ks.name, ks.lib)
   elapsed = time.perf_counter() - start
   GlobalCounters.compile_count += 1
   GlobalCounters.compile_time_s += elapsed
-  display = "_".join(colored(str(s) if isinstance(s, int) else s.render(), c) for s, c in zip(k.full_shape, k.colors()))
-  display = ("r_" if k.reduceop is not None else "E_") + display
-  return CompiledKernel(ks.name, display, device, program, ks.lin, ks.src, list(k.applied_opts), elapsed)
+  return CompiledKernel(ks.name, ks.display_name, device, program, ks.lin, ks.src, list(ks.opts), elapsed)
+
+
+def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
+  """Compile and load a Kernel as it is (its opts already applied; no program cache)."""
+  start = time.perf_counter()
+  return _load(render_kernel(k, device), device, start)
 
 
 def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> CompiledKernel:
-  """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk)."""
+  """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk); from
+  the disk's program cache when a process before this one built it."""
   key = (ast, device, config.NOOPT, config.BEAM)   # the flags that choose the opts are part of the program
-  if key not in _PROGRAMS:
-    with stage("optimize"):
-      opts = beam_search(ast, si.bufs, si.var_vals, device) if config.BEAM > 0 and si is not None else None
-    _PROGRAMS[key] = compile_kernel(kernel_for(ast, device, opts), device)
-  return _PROGRAMS[key]
+  ck = _PROGRAMS.get(key)
+  if ck is None:
+    start = time.perf_counter()
+
+    def search() -> list[Opt]:
+      with stage("optimize"):
+        return beam_search(ast, si.bufs, si.var_vals, device)
+    ks = build_program(ast, device, search=search if config.BEAM > 0 and si is not None else None)
+    ck = _PROGRAMS[key] = _load(ks, device, start)
+  return ck
 
 
 def launch_dims(lin, var_vals: dict[UOp, int]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-  """The grid and block sizes of a launch: a symbolic size (a grid over a Variable's range) takes its value now."""
+  """The grid and block sizes of a launch: a symbolic size (a grid over a Variable's range) takes its value now.
+  Every variable of the launch counts, not only the kernel's int parameters: one that only sizes the grid is none."""
   if lin.global_size is None: return None, None
-  env = {v.arg.name: var_vals[v] for v in lin.vars}
+  env = {v.arg.name: value for v, value in var_vals.items()}
   def dims(sizes): return tuple(s if isinstance(s, int) else int(s.evaluate(env)) for s in sizes)
   return dims(lin.global_size), dims(lin.local_size)
 

@@ -1,18 +1,24 @@
 """The CPU backend: C source compiled by the system C compiler into a shared object and called through ctypes.
 
 Memory is host memory held in 64-byte aligned numpy arrays (so float4 loads are aligned). Compiled objects are
-cached on disk keyed by the source, the compiler's version and the flags. CPUGraph replays a JIT's captured launches
-with every ctypes argument built once.
+cached on disk keyed by the source, the compiler's version and the flags; so is the answer of the OpenMP probe
+(keyed by the compiler's identity), which runs only when kernels may use more than one core (THREADS). CPUGraph
+replays a JIT's captured launches with every ctypes argument built once.
 """
 from __future__ import annotations
+import contextlib
 import ctypes
 import functools
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
 import numpy as np
 from fusegrad.config import config
+from fusegrad.helpers import cache_dir, write_atomic
 from fusegrad.device import Allocator, Compiler, Compiled, GraphLaunch
 from fusegrad.renderer.cstyle import CRenderer
 
@@ -107,14 +113,47 @@ class CPUGraph:
     return time.perf_counter() - start
 
 
-@functools.cache
-def openmp_works(cc: str) -> bool:
-  """Whether `cc -fopenmp` builds a shared object here (kernels then may use several cores)."""
+def compiler_identity(cc: str) -> str:
+  """What identifies the C compiler `cc` resolves to: its path, that file's size and modification time (an upgrade
+  changes them) and its version line."""
+  path = shutil.which(cc) or cc
+  try:
+    st = os.stat(path)
+    stamp = f"{st.st_size}:{st.st_mtime_ns}"
+  except OSError:
+    stamp = "?"
+  return f"{os.path.realpath(path)} {stamp} {compiler_version(cc)}"
+
+
+def _probe_openmp(cc: str) -> bool:
   src = "#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n"
   with tempfile.TemporaryDirectory() as tmp:
     proc = subprocess.run([cc, "-fopenmp", "-shared", "-fPIC", "-x", "c", "-", "-o", os.path.join(tmp, "t.so")],
                           input=src, capture_output=True, text=True)
   return proc.returncode == 0
+
+
+@functools.cache
+def openmp_works(cc: str) -> bool:
+  """Whether `cc -fopenmp` builds a shared object here (kernels then may use several cores). Building the probe
+  takes tens of milliseconds, so its answer is kept on disk (CACHE_DIR/probes, not with NOCACHE), keyed by the
+  compiler's identity; delete that folder to probe again (after installing libgomp, say). An unreadable or
+  malformed entry is ignored."""
+  if config.NOCACHE: return _probe_openmp(cc)
+  identity = compiler_identity(cc)
+  digest = hashlib.sha256(f"openmp\n{identity}".encode()).hexdigest()
+  try:
+    path = cache_dir() / "probes" / f"openmp-{digest}.json"
+  except OSError:   # no cache folder can be made: probe every time
+    return _probe_openmp(cc)
+  try:
+    entry = json.loads(path.read_text())
+    if entry.get("compiler") == identity and type(entry.get("openmp")) is bool: return entry["openmp"]
+  except (OSError, ValueError, AttributeError):
+    pass
+  works = _probe_openmp(cc)
+  with contextlib.suppress(OSError): write_atomic(path, json.dumps({"compiler": identity, "openmp": works}))
+  return works
 
 
 def core_count() -> int:
@@ -123,7 +162,8 @@ def core_count() -> int:
 
 
 def make_device() -> Compiled:
-  threads = core_count() if openmp_works(config.CC) else 1
+  cores = core_count()
+  threads = cores if cores > 1 and openmp_works(config.CC) else 1   # one core needs no OpenMP (nor its probe)
   # OpenMP's own knob (not a fusegrad flag): idle kernel threads sleep instead of spinning, so a busy machine or a
   # second process doesn't turn every parallel kernel into a spin-wait; an explicit setting by the user wins
   if threads > 1: os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
