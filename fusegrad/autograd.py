@@ -48,8 +48,8 @@ class Function:
 
   def __init__(self, device: str, *tensors: Any):
     self.device = device
-    self.needs_input_grad = tuple(bool(t.requires_grad) for t in tensors)
-    self.requires_grad = self.differentiable and GradMode.enabled and any(self.needs_input_grad)
+    self.needs_input_grad = tuple([bool(t.requires_grad) for t in tensors])
+    self.requires_grad = self.differentiable and GradMode.enabled and True in self.needs_input_grad
     self.parents: tuple[Any, ...] = tensors if self.requires_grad else ()
 
   def forward(self, *args: LazyBuffer, **kwargs: Any) -> LazyBuffer: raise NotImplementedError
@@ -58,12 +58,12 @@ class Function:
   @classmethod
   def apply(cls, *tensors: Any, **kwargs: Any) -> Any:
     """Run the forward on the tensors' LazyBuffers; the output has this Function as its tape entry when it needs
-    one. The output is built by the inputs' own class, so this module needs no import of tensor.py."""
+    one. The output is built by the inputs' own class (its `_wrap`), so this module needs no import of tensor.py."""
     ctx = cls(tensors[0].device, *tensors)
     ret = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
     ctx.requires_grad = ctx.requires_grad and dtypes.is_float(ret.dtype)   # integer results never need grads
     if not ctx.requires_grad: ctx.parents = ()
-    out = type(tensors[0])(ret, requires_grad=ctx.requires_grad)
+    out = type(tensors[0])._wrap(ret, ctx.requires_grad)
     if ctx.requires_grad: out._attach(ctx)
     return out
 

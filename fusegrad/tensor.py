@@ -145,6 +145,25 @@ def _window_last(x: Tensor, k: int, s: int, d: int) -> Tensor:
   return x.reshape(*lead, k, o).transpose(-1, -2)
 
 
+_CONSTS: dict[tuple, LazyBuffer] = {}   # (value, dtype, shape, device) -> its const LazyBuffer, see _const_lb
+_CONSTS_MAX = 4096
+
+
+def _const_lb(value: Scalar, dtype: DType, shape: tuple[int, ...], device: str) -> LazyBuffer:
+  """LazyBuffer.const, remembered: the scalar operands of elementwise ops (`x * 2.0`) repeat. Sharing one is safe:
+  scheduling and realizing never change a constant's LazyBuffer (kernels inline constants as literals)."""
+  if type(value) is float:
+    if value != value: return LazyBuffer.const(value, dtype, shape, device)   # nan: not a usable dict key
+    key: tuple = (float, value.hex(), dtype, shape, device)   # hex keeps 0.0 and -0.0 apart
+  else:
+    key = (type(value), value, dtype, shape, device)
+  lb = _CONSTS.get(key)
+  if lb is None:
+    if len(_CONSTS) >= _CONSTS_MAX: _CONSTS.clear()
+    lb = _CONSTS[key] = LazyBuffer.const(value, dtype, shape, device)
+  return lb
+
+
 class Tensor:
   """A lazily computed n-d array with reverse-mode autograd. `lazydata` is its LazyBuffer; `requires_grad` is True,
   False, or None (unset: treated as False, so an optimizer may turn it on)."""
@@ -172,6 +191,14 @@ class Tensor:
     self._is_leaf = True
     self.requires_grad: bool | None = None
     if requires_grad is not None: self.requires_grad_(requires_grad)
+
+  @classmethod
+  def _wrap(cls, lb: LazyBuffer, requires_grad: bool | None = None) -> Tensor:
+    """A tensor of a LazyBuffer, without Tensor()'s argument checks (for ops whose output needs none; a True
+    requires_grad must be on a float dtype)."""
+    t = object.__new__(cls)
+    t.lazydata, t.grad, t._ctx, t._is_leaf, t.requires_grad = lb, None, None, True, requires_grad
+    return t
 
   def _attach(self, ctx: F.Function) -> None:
     """Record the Function that made this tensor (its tape entry)."""
@@ -522,6 +549,10 @@ class Tensor:
 
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
+    if not self.requires_grad:
+      # a constant with no tape is the same constant at the new shape: skip the reshape and expand steps
+      value = self.lazydata.const_value
+      if value is not None: return Tensor._wrap(_const_lb(value, self.dtype, shape, self.device), False)
     return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
 
   def _to_tensor(self, op: str, x: TensorOrScalar) -> tuple[Tensor, DType]:
@@ -541,6 +572,12 @@ class Tensor:
     tensors meet at least_upper_dtype, except that a 0-d tensor with a dimensioned one only raises the category
     (bool < int < float); a Python scalar is weak (a float with an int/bool tensor gives float32, an int with a bool
     tensor gives int64, otherwise the tensor's dtype wins)."""
+    if type(x) is float or type(x) is int or type(x) is bool:
+      # the common `x * 2.0`: the scalar is made as a constant of self's shape right away (no 0-d tensor to broadcast)
+      dt = _weak_dtype(self.dtype, x)
+      me = self if dt is self.dtype else self.cast(dt)
+      y = Tensor._wrap(_const_lb(x, dt, me.shape, me.device), False)
+      return (y, me) if reverse else (me, y)
     y, dt = self._to_tensor(op, x)
     a, b = (y, self) if reverse else (self, y)
     shape = _broadcast_shape(op, a.shape, b.shape)
@@ -954,7 +991,7 @@ class Tensor:
     self._axes("softmax", axis)
     x = self._float()
     e = (x - x.max(axis, keepdim=True).detach()).exp()
-    return e / e.sum(axis, keepdim=True)
+    return e * e.sum(axis, keepdim=True).reciprocal()   # one division per row, as torch does, not one per element
 
   def log_softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
     axis = dim if dim is not None else axis

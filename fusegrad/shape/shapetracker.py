@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from fusegrad.uop import UOp, Ops, Variable
 from fusegrad.symbolic import simplify
-from fusegrad.shape.view import View, fmt, linear_form, sint, sint_max, unravel_index
+from fusegrad.shape.view import View, fmt, linear_form, plain_ints, sint, sint_max, unravel_index
+
+
+_CONTIGUOUS: dict[tuple[int, ...], ShapeTracker] = {}   # shape -> ShapeTracker.from_shape(shape)
+_CONTIGUOUS_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -21,11 +25,24 @@ class ShapeTracker:
 
   @staticmethod
   def from_shape(shape: Sequence[sint]) -> ShapeTracker:
-    """The tracker of a contiguous buffer of this shape."""
+    """The tracker of a contiguous buffer of this shape (remembered for shapes of plain ints: every lazy op asks)."""
+    if type(shape) is tuple and plain_ints(shape):
+      st = _CONTIGUOUS.get(shape)
+      if st is None:
+        if len(_CONTIGUOUS) >= _CONTIGUOUS_MAX: _CONTIGUOUS.clear()
+        st = _CONTIGUOUS[shape] = ShapeTracker((View.create(shape),))
+      return st
     return ShapeTracker((View.create(shape),))
 
   def __repr__(self) -> str: return f"ShapeTracker({', '.join(map(repr, self.views))})"
   __str__ = __repr__
+
+  def __hash__(self) -> int:   # remembered, as View's (and left behind by pickling, as there)
+    h = self.__dict__.get("_hash")
+    if h is None: h = self.__dict__["_hash"] = hash(self.views)
+    return h
+
+  def __getstate__(self) -> dict: return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
   @property
   def shape(self) -> tuple[sint, ...]: return self.views[-1].shape
@@ -112,12 +129,18 @@ class ShapeTracker:
 
   # ***** symbolic shapes *****
 
+  @functools.cached_property
+  def symbolic(self) -> bool:
+    """Whether any view holds a symbolic int (most don't: then vars and unbind have nothing to do)."""
+    return any(v.symbolic for v in self.views)
+
   def vars(self) -> set[UOp]:
     """The DEFINE_VARs the views use (bound or not)."""
-    return set().union(*[v.vars() for v in self.views])
+    return set().union(*[v.vars() for v in self.views]) if self.symbolic else set()
 
   def unbind(self) -> tuple[ShapeTracker, dict[UOp, int]]:
     """This tracker with every BIND replaced by its variable, and each variable's bound value."""
+    if not self.symbolic: return self, {}
     views, values = [], {}
     for view in self.views:
       unbound, view_values = view.unbind()

@@ -58,6 +58,14 @@ def sint_max(x: sint) -> int:
   return x if isinstance(x, int) else x.vmax
 
 
+def plain_ints(xs: tuple) -> bool:
+  """Whether every item is exactly an int (not a bool, float, numpy int or UOp): such tuples are their own canonical
+  form, so caches may key on them (1.0 == 1 and True == 1 would otherwise share an entry)."""
+  for x in xs:
+    if type(x) is not int: return False
+  return True
+
+
 def fmt(xs: object) -> str:
   """A shape, stride or mask tuple as Python prints it, with symbolic ints rendered (`(n=3, 4)`)."""
   if isinstance(xs, UOp): return xs.render()
@@ -297,6 +305,16 @@ class View:
     contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
     return View(shape, strides, offset, mask, contiguous)
 
+  def __hash__(self) -> int:
+    # remembered: views key the UOp cache (as VIEW args), the schedule's memo and the lru caches, again and again
+    h = self.__dict__.get("_hash")
+    if h is None: h = self.__dict__["_hash"] = hash((self.shape, self.strides, self.offset, self.mask, self.contiguous))
+    return h
+
+  def __getstate__(self) -> dict:
+    # a pickled view leaves its hash behind: a symbolic int (a UOp) hashes differently in another process
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
   def __repr__(self) -> str:
     mask = None if self.mask is None else fmt(self.mask)
     return f"View(shape={fmt(self.shape)}, strides={fmt(self.strides)}, offset={fmt(self.offset)}, mask={mask})"
@@ -481,6 +499,7 @@ class View:
   def _merge_affine(self, vm1: View) -> View | None:
     # index vm1's valid box with variables, run it through both views, and read strides and mask off the result
     if not all_int(vm1.shape + vm1.strides + (vm1.offset,) + tuple(flatten(vm1._box())) + self.shape): return None
+    if all_int(self.strides + (self.offset,)) and not _maybe_affine(self, vm1): return None   # cheap, and most fail
     xs = [Variable(f"merge_idx{i}", lo, hi - 1) for i, (lo, hi) in enumerate(vm1._box())]
     flat, _ = vm1.to_indexed_uops(xs)
     index, valid = self.to_indexed_uops(unravel_index(simplify(flat), self.shape))
@@ -497,12 +516,18 @@ class View:
     fields = self.shape + self.strides + (self.offset,) + tuple(flatten(self.mask or ()))
     return [x for x in fields if isinstance(x, UOp)]
 
+  @functools.cached_property
+  def symbolic(self) -> bool:
+    """Whether the shape, strides, offset or mask hold a symbolic int."""
+    return bool(self._sints())
+
   def vars(self) -> set[UOp]:
     """The DEFINE_VARs this view's shape, strides, offset and mask use."""
-    return set().union(*[x.vars() for x in self._sints()])
+    return set().union(*[x.vars() for x in self._sints()]) if self.symbolic else set()
 
   def unbind(self) -> tuple[View, dict[UOp, int]]:
     """This view with every BIND replaced by its variable, and the bound values."""
+    if not self.symbolic: return self, {}
     binds = {n: n.src[0] for x in self._sints() for n in x.toposort() if n.op is Ops.BIND}
     values: dict[UOp, int] = {}
     for bind, var in binds.items():
@@ -524,6 +549,38 @@ def _reshape_view(view: View, new_shape: tuple) -> View | None: return view._res
 def _merge_views(inner: View, outer: View) -> View | None:
   # merging is a pure function of the two views and the same pairs recur every training step: remember them
   return inner._merge(outer)
+
+
+def _stacked_index(inner: View, outer: View, x: list[int]) -> int:
+  """The buffer index `outer` stacked on `inner` reads at index x of outer: the arithmetic of the symbolic merge
+  (outer's flat index, unravelled into inner's shape, through inner's strides), on plain ints."""
+  flat = outer.offset + sum(xi * st for xi, st in zip(x, outer.strides))
+  index, radix = inner.offset, 1
+  for a in reversed(range(inner.ndim)):
+    n, st = inner.shape[a], inner.strides[a]
+    if n != 1 and st != 0: index += (flat // radix if a == 0 else (flat // radix) % n) * st
+    radix *= n
+  return index
+
+
+def _maybe_affine(inner: View, outer: View) -> bool:
+  """False when the index of `outer` stacked on `inner` is surely not affine over outer's valid box (all ints), so
+  no View can merge them: the symbolic merge would find the same after simplifying (its simplifications keep every
+  value in the box), only a hundred times slower. Compares the index at sample points (each axis's far end, the far
+  corner, a spread of inner points) with the affine map through the box's first corner and its unit steps. True
+  means maybe: the symbolic merge decides."""
+  lo = [b[0] for b in outer._box()]
+  ext = [hi - b for b, (_, hi) in zip(lo, outer._box())]
+  if any(e <= 0 for e in ext): return True   # an empty box: nothing to sample
+  base = _stacked_index(inner, outer, lo)
+  steps = [(_stacked_index(inner, outer, lo[:i] + [lo[i] + 1] + lo[i + 1:]) - base) if e > 1 else 0
+           for i, e in enumerate(ext)]
+  samples = [[lo[j] + (e - 1 if j == i else 0) for j, e in enumerate(ext)] for i in range(len(ext))]
+  samples.append([b + e - 1 for b, e in zip(lo, ext)])
+  samples += [[b + (k * (2 * j + 3) + j) % e for j, (b, e) in enumerate(zip(lo, ext))] for k in range(1, 9)]
+  for x in samples:
+    if _stacked_index(inner, outer, x) != base + sum(st * (xi - b) for st, xi, b in zip(steps, x, lo)): return False
+  return True
 
 
 def _is_int(x: sint, value: int) -> bool: return isinstance(x, int) and x == value
