@@ -1,9 +1,9 @@
 """BEAM search: find Opts for a kernel by timing candidates on the device.
 
-Each round extends every kept candidate by one Opt from a fixed action list, compiles the new candidates in worker
-processes (a candidate whose compile fails or hangs past its timeout is dropped, never the search), times them on
-scratch buffers, checks each winner's output against the unoptimized kernel on the same inputs, and keeps the
-fastest `BEAM` ones. The search stops when a round brings no gain or the `BEAM_BUDGET` seconds are spent. Results
+The beam starts from the unoptimized kernel and the hand-coded opts. Each round extends every kept candidate by one
+Opt from a fixed action list, compiles the new candidates in worker processes (a candidate whose compile fails or
+hangs past its timeout is dropped, never the search), times them on scratch buffers, checks each winner's output
+against the unoptimized kernel on the same inputs, and keeps the fastest `BEAM` ones. The search stops when a round brings no gain or the `BEAM_BUDGET` seconds are spent. Results
 persist on disk, keyed by the kernel AST, device, arch and fusegrad version, so a second run costs one lookup.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeou
 import numpy as np
 from fusegrad import __version__
 from fusegrad.config import config
-from fusegrad.helpers import cache_dir
+from fusegrad.helpers import cache_dir, write_atomic
 from fusegrad.uop import UOp, pretty
 from fusegrad.device import Device, Buffer
 from fusegrad.codegen.kernel import Kernel, Opt, OptOps, KernelOptError
@@ -60,9 +60,7 @@ def _store_opts(ast: UOp, device: str, opts: list[Opt]) -> None:
   except (OSError, json.JSONDecodeError):
     data = {}
   data[_key(ast, device)] = [(o.op.name, o.axis, o.amount) for o in opts]
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(data))
-  tmp.replace(path)
+  write_atomic(path, json.dumps(data).encode())
 
 
 def _candidates(base: Kernel, ast: UOp, device: str) -> list[list[Opt]]:
@@ -72,9 +70,8 @@ def _candidates(base: Kernel, ast: UOp, device: str) -> list[list[Opt]]:
     try:
       k = Kernel(ast, Device[device].renderer)
       for o in opts: k.apply_opt(o)
-    except KernelOptError:
+    except KernelOptError:   # (apply_opt enforces the lane and thread limits)
       continue
-    if k.upcast_size() > 256: continue
     out.append(opts)
   return out
 
@@ -132,6 +129,14 @@ def beam_search(ast: UOp, bufs: tuple[Buffer, ...], var_vals: dict, device: str,
   best_opts, best_time = [], _time(device, *reference[1:], scratch, var_vals)
   expected = _run_output(device, reference, scratch, var_vals)
   beam = [(best_time, base)]
+  # the hand-coded opts seed the beam too, so the search starts from them and can only improve on them
+  hand = kernel_for(ast, device, None)
+  seeded = _compile((ast, device, list(hand.applied_opts))) if hand.applied_opts else None
+  if seeded is not None and np.allclose(_run_output(device, seeded, scratch, var_vals), expected, rtol=1e-3,
+                                        atol=1e-3, equal_nan=True):
+    t = _time(device, *seeded[1:], scratch, var_vals)
+    if t < best_time: best_time, best_opts = t, list(hand.applied_opts)
+    beam = sorted(beam + [(t, hand)], key=lambda x: x[0])[:width]
   ctx = multiprocessing.get_context("fork")
   with ProcessPoolExecutor(max_workers=max(1, min(8, multiprocessing.cpu_count())), mp_context=ctx) as pool:
     while time.perf_counter() - start < budget_s:
