@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop import UOp, Ops, GroupOp
+from fusegrad.symbolic import simplify
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ class CStyleRenderer(Renderer):
         emit(f"{self.type_name(u.dtype)} {names[u]} = {text};")
       elif op is Ops.WMMA:
         names[u] = fresh("wmma")
-        emit(self.wmma(u, names[u], [r(s) for s in u.src]))
+        emit(self.wmma(u, names[u], [r(s) for s in u.src], r))
       else:
         raise NotImplementedError(f"render: {op} is not supported by the {self.device} renderer")
     body = "\n".join(lines)
@@ -259,7 +260,7 @@ class CStyleRenderer(Renderer):
     if u.op is Ops.BITCAST: return "bc", self.bitcast(u, r(u.src[0]))
     return "alu", self.alu(u, [r(s) for s in u.src])
 
-  def wmma(self, u: UOp, name: str, args: list[str]) -> str:
+  def wmma(self, u: UOp, name: str, args: list[str], r) -> str:
     raise NotImplementedError(f"WMMA is not supported by the {self.device} renderer")
 
   def render_load(self, u: UOp, r) -> str:
@@ -369,15 +370,31 @@ class CUDARenderer(CStyleRenderer):
   def gep(self, vec: str, lane: int) -> str: return f"{vec}.{_CUDA_VECTOR_FIELDS[lane]}"
   def bitcast_expr(self, from_t: str, to_t: str, val: str) -> str: return f"fg_bitcast<{to_t}, {from_t}>({val})"
 
-  def wmma(self, u: UOp, name: str, args: list[str]) -> str:
-    """One mma.sync m16n8k16 in inline PTX: halves are packed two to a 32-bit register, accumulators are fp32."""
+  def wmma(self, u: UOp, name: str, args: list[str], r) -> str:
+    """One mma.sync m16n8k16 in inline PTX: halves are packed two to a 32-bit register, accumulators are fp32.
+    A pair of fragment elements loaded straight from a 16-bit buffer is packed from the raw bits (one 32-bit load
+    when the two are neighbours at an even index), skipping the round trip through float registers."""
     kind = "f16" if u.arg.dtype_in is dtypes.float16 else "bf16"
-    a = [f"fg_pack_{kind}({args[2 * j]}, {args[2 * j + 1]})" for j in range(4)]
-    b = [f"fg_pack_{kind}({args[8 + 2 * j]}, {args[9 + 2 * j]})" for j in range(2)]
+    def pack(i: int) -> str: return self.raw_pair(u.src[i], u.src[i + 1], r) or \
+        f"fg_pack_{kind}({args[i]}, {args[i + 1]})"
+    a = [pack(2 * j) for j in range(4)]
+    b = [pack(8 + 2 * j) for j in range(2)]
     outs = ", ".join(f'"=f"({name}.{f})' for f in "xyzw")
     ins = ", ".join([f'"r"({x})' for x in a + b] + [f'"f"({c})' for c in args[12:16]])
     return (f'float4 {name}; asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 '
             f'{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%10,%11,%12,%13}};" : {outs} : {ins});')
+
+  @staticmethod
+  def raw_pair(lo: UOp, hi: UOp, r) -> str | None:
+    """The 32-bit register of two 16-bit values read by plain (ungated) loads of one global buffer, or None."""
+    def plain(x: UOp) -> bool:
+      return x.op is Ops.LOAD and len(x.src) == 2 and x.src[0].op is Ops.DEFINE_GLOBAL and x.src[0].dtype.base.itemsize == 2
+    if not (plain(lo) and plain(hi)): return None
+    (buf, i0), (buf1, i1) = lo.src, hi.src
+    step, parity = simplify(i1 - i0), simplify(i0 % 2)
+    if buf is buf1 and step.op is Ops.CONST and step.arg == 1 and parity.op is Ops.CONST and parity.arg == 0:
+      return f"(*((const unsigned*)({r(buf)}+{r(i0)})))"
+    return f"((unsigned){r(buf)}[{r(i0)}]|((unsigned){r(buf1)}[{r(i1)}]<<16))"
 
   def kernel_header(self, name: str, params: list[str], uops: list[UOp]) -> str:
     threads = 1
