@@ -12,6 +12,7 @@ once), GFLOP/s and the ratio of each peer's time to fusegrad's (> 1: we win).
 """
 from __future__ import annotations
 import contextlib
+import ctypes
 import datetime
 import json
 import os
@@ -32,6 +33,22 @@ from fusegrad.engine.schedule import create_schedule
 from fusegrad.engine.search import beam_search
 from fusegrad.engine.realize import run_schedule, get_program
 from fusegrad.nn.state import get_state_dict, get_parameters
+
+def _steady_malloc() -> None:
+  """Serve big allocations from glibc's heap and never trim it. With glibc's adaptive defaults, one library's large
+  frees in the process move the mmap threshold so that another's per-call 16 MB tensors become fresh mmaps, paid in
+  page faults on every call: torch eager's relu(a*b+c) went from 3 to 15 ms after a fusegrad kernel had run in the
+  same process. Fixed thresholds keep the peers' timings independent of the order cases run in."""
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+  except OSError:
+    return   # not glibc: nothing to pin
+  m_trim_threshold, m_mmap_threshold = -1, -3
+  libc.mallopt(m_mmap_threshold, 32 << 20)      # glibc's largest allowed value on 64-bit
+  libc.mallopt(m_trim_threshold, (1 << 31) - 1)
+
+
+_steady_malloc()
 
 try:
   import torch

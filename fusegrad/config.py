@@ -178,8 +178,8 @@ flag("NOCACHE", bool, False, "do not read or write the on-disk kernel cache")
 flag("CC", str, "cc", "C compiler for the CPU backend")
 flag("CFLAGS", str, "-O2 -march=native", "flags for the CPU backend's C compiler")
 flag("VERIFY", bool, False, "run the UOp invariant checker on every kernel, even when DEBUG=0")
-flag("THREADS", int, 1, "CPU cores a kernel may use through OpenMP (0: all cores this process may run on). Off by "
-     "default: with torch in the same process, or a busy machine, OpenMP's waiting threads made kernels slower")
+flag("THREADS", int, 0, "CPU cores a kernel may use through OpenMP (0: all cores this process may run on; 1: one "
+     "core, no OpenMP). Only kernels with enough work (>= 256K element-steps) are split")
 flag("BEAM", int, 0, "search kernel opts with a beam of this width (0: use the hand-coded heuristics)")
 flag("BEAM_BUDGET", int, 60, "seconds one kernel's BEAM search may take")
 flag("CUDA_ARCH", str, "", "GPU architecture NVRTC compiles for, e.g. sm_90; empty means the GPU's own, or sm_90 "
