@@ -172,9 +172,9 @@ def render_env_md() -> str:
 flag("DEV", str, "", "device: CPU, CUDA or PYTHON; empty means CUDA when usable, else CPU")
 flag("DEBUG", int, 0, "1 summary, 2 one line per kernel (time, GFLOP/s, GB/s), 3 applied opts, 4 kernel source, 5 UOps")
 flag("NOOPT", bool, False, "turn off the hand-coded kernel optimizations")
-flag("CACHE_DIR", str, "", "where compiled kernels are cached; empty means $XDG_CACHE_HOME/fusegrad or "
-     "~/.cache/fusegrad")
-flag("NOCACHE", bool, False, "do not read or write the on-disk kernel cache")
+flag("CACHE_DIR", str, "", "where compiled kernels, rendered programs, BEAM results and the OpenMP probe are cached; "
+     "empty means $XDG_CACHE_HOME/fusegrad or ~/.cache/fusegrad")
+flag("NOCACHE", bool, False, "do not read or write the on-disk caches (kernels, programs, BEAM results)")
 flag("CC", str, "cc", "C compiler for the CPU backend")
 flag("CFLAGS", str, "-O2 -march=native", "flags for the CPU backend's C compiler")
 flag("VERIFY", bool, False, "run the UOp invariant checker on every kernel, even when DEBUG=0")
