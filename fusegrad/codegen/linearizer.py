@@ -261,6 +261,11 @@ class Lowerer:
     if k.reduceop is not None:
       reduce_result, gate, idxs = self.lower_reduce(k.reduceop, idxs)
       self.values[k.reduceop] = reduce_result
+    return self.lower_stores(idxs, gate)
+
+  def lower_stores(self, idxs, gate: UOp | None) -> UOp:
+    """The kernel's STOREs of the values outside every reduce (behind `gate` when one thread writes), as the SINK."""
+    k = self.k
     stores: list[UOp] = []
     for access in k.accesses:
       if access.op is not Ops.STORE: continue
@@ -544,13 +549,7 @@ class MultiLowerer(Lowerer):
       cond = UOp.const(dtypes.bool, True)
       for tid in idle: cond = cond & tid.eq(0)
       gate = UOp(Ops.IF, dtypes.void, (simplify(cond),))
-    stores: list[UOp] = []
-    for access in k.accesses:
-      if access.op is not Ops.STORE: continue
-      st = k.sts[k.accesses.index(access)]
-      vals = self.lower_node(access.src[2], idxs, zero_reduce=True)
-      stores += self.store(st, access.src[0], idxs, vals, zero_reduce=True, extra=(gate,) if gate is not None else ())
-    return UOp(Ops.SINK, dtypes.void, tuple(stores))
+    return self.lower_stores(idxs, gate)
 
   def lower_one_reduce(self, r: UOp, idxs: list[UOp | None]) -> list[UOp]:
     k, fs = self.k, self.full_shape
