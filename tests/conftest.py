@@ -9,6 +9,10 @@ import signal
 
 import pytest
 
+# CPU kernels may use every core by default; under pytest-xdist on a many-core machine that is workers x cores OpenMP
+# threads, so tests cap it (the THREAD opt itself is tested with explicit renderers)
+os.environ.setdefault("THREADS", "2")
+
 TIME_LIMIT_S = 60   # per test; `@pytest.mark.time_limit(seconds)` overrides it
 
 

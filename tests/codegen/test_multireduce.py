@@ -88,7 +88,8 @@ def test_cpu_form_runs_each_reduce_inside_the_row_loop_only():
   """On the CPU the reduce loops sit inside the row loop but outside the output's column loop."""
   x = Tensor.rand(8, 512).realize()
   si = _kernels(x.softmax(-1))[0]
-  uops = render_kernel(kernel_for(si.ast, "CPU"), "CPU").lin.uops
+  opts = [o for o in kernel_for(si.ast, "CPU").applied_opts if o.op is not OptOps.THREAD]   # (cores vary by machine)
+  uops = render_kernel(kernel_for(si.ast, "CPU", opts), "CPU").lin.uops
   depth, loops_at = 0, []
   for u in uops:
     if u.op is Ops.LOOP:
