@@ -1,6 +1,7 @@
 """Time hand-picked Opt lists for the kernels of one expression on a device (a manual BEAM, for tuning heuristics).
 
-  python -m bench.explore --device CUDA --expr "a @ b" --setup "a = Tensor.rand(4096, 4096); b = Tensor.rand(4096, 4096)" \\
+  python -m bench.explore --device CUDA --expr "a @ b" \\
+      --setup "a = Tensor.rand(4096, 4096); b = Tensor.rand(4096, 4096)" \\
       --opts "[[Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8)]]"
 Prints, for the heuristic opts and each given list: the opts, median kernel time (device timer), GFLOP/s and GB/s
 of the last (biggest) kernel of the expression, and whether its output matches the heuristic kernel's.

@@ -492,7 +492,8 @@ def print_table(rows: list[dict]) -> None:
     for r in beams:
       ratio = r["fusegrad_s"] / r["beam_s"]
       print(f"{r['case']:<13} {r['fusegrad_s'] * 1e3:>8.3f}ms {r['beam_s'] * 1e3:>8.3f}ms {ratio:>10.2f} "
-            f"{'yes' if ratio <= 1.5 else 'NO':>6} {r['beam_search_s']:>9.1f} {r['beam_warm_s_per_kernel'] * 1e3:>15.2f}")
+            f"{'yes' if ratio <= 1.5 else 'NO':>6} {r['beam_search_s']:>9.1f} "
+            f"{r['beam_warm_s_per_kernel'] * 1e3:>15.2f}")
 
 
 def _in_unit(seconds: float, unit: str) -> str:

@@ -103,7 +103,8 @@ def _tile_tensor_cores(k: Kernel) -> None:
   n_axis, m_axis = k.first_reduce - k.local_dims - 1, k.first_reduce - k.local_dims - 2
   if m_axis >= 0 and all(isinstance(k.full_shape[a], int) for a in (n_axis, m_axis)) and \
      k.full_shape[n_axis] % 8 == 0 and k.full_shape[m_axis] % 2 == 0 and _try(k, Opt(OptOps.UPCAST, n_axis, 8)):
-    if not (k.full_shape[m_axis] % 4 == 0 and _try(k, Opt(OptOps.UPCAST, m_axis, 4))): _try(k, Opt(OptOps.UPCAST, m_axis, 2))
+    if not (k.full_shape[m_axis] % 4 == 0 and _try(k, Opt(OptOps.UPCAST, m_axis, 4))):
+      _try(k, Opt(OptOps.UPCAST, m_axis, 2))
     return
   for _ in range(3):
     for axis in range(k.first_reduce - k.local_dims - 1, -1, -1):

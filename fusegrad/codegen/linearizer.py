@@ -572,7 +572,8 @@ class MultiLowerer(Lowerer):
     lanes = [ln for ln in self.lanes if all(c == 0 for j, c in enumerate(ln) if j not in relevant)]
     def key(ln): return tuple(c if j in keep else 0 for j, c in enumerate(ln))
     values = self.lower_node(r.src[0], ridxs, zero_reduce=False)
-    accs = self.accumulate(r.arg.op, r.dtype, [values[self.lane_index[ln]] for ln in lanes], {ln: key(ln) for ln in lanes},
+    accs = self.accumulate(r.arg.op, r.dtype, [values[self.lane_index[ln]] for ln in lanes],
+                           {ln: key(ln) for ln in lanes},
                            enclosing, loops, lanes)
     groups = [j for j, slot in enumerate(self.thread_slots) if any(ax in own for ax in slot)]
     if groups: accs = self.share_partials(r, accs, groups, enclosing)
@@ -591,7 +592,8 @@ class MultiLowerer(Lowerer):
       out = UOp.const(dtypes.index, 0)
       for i, s in zip(ids, sizes): out = out * s + i
       return simplify(out + n * threads)
-    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, flat(self.thread_ids, n), accs[key])) for n, key in enumerate(keys))
+    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, flat(self.thread_ids, n), accs[key]))
+                   for n, key in enumerate(keys))
     barrier = UOp(Ops.BARRIER, dtypes.void, stores)
     size = sizes[groups[0]]
     if len(groups) == 1 and size & (size - 1) == 0:

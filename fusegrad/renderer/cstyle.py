@@ -388,7 +388,8 @@ class CUDARenderer(CStyleRenderer):
   def raw_pair(lo: UOp, hi: UOp, r) -> str | None:
     """The 32-bit register of two 16-bit values read by plain (ungated) loads of one global buffer, or None."""
     def plain(x: UOp) -> bool:
-      return x.op is Ops.LOAD and len(x.src) == 2 and x.src[0].op is Ops.DEFINE_GLOBAL and x.src[0].dtype.base.itemsize == 2
+      return x.op is Ops.LOAD and len(x.src) == 2 and x.src[0].op is Ops.DEFINE_GLOBAL and \
+          x.src[0].dtype.base.itemsize == 2
     if not (plain(lo) and plain(hi)): return None
     (buf, i0), (buf1, i1) = lo.src, hi.src
     step, parity = simplify(i1 - i0), simplify(i0 % 2)
