@@ -548,7 +548,7 @@ class MultiLowerer(Lowerer):
     if idle:  # thread ids the output does not vary along: one thread writes
       cond = UOp.const(dtypes.bool, True)
       for tid in idle: cond = cond & tid.eq(0)
-      gate = UOp(Ops.IF, dtypes.void, (simplify(cond),))
+      gate = UOp(Ops.IF, dtypes.void, (simplify(cond),) + self.outer_blocks)   # inside the output loops
     return self.lower_stores(idxs, gate)
 
   def lower_one_reduce(self, r: UOp, idxs: list[UOp | None]) -> list[UOp]:

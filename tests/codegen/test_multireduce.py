@@ -7,7 +7,8 @@ from fusegrad import Tensor, Context
 from fusegrad.uop import Ops
 from fusegrad.engine.schedule import create_schedule
 from fusegrad.engine.compile import kernel_for, render_kernel
-from fusegrad.codegen.kernel import OptOps
+from fusegrad.engine.realize import compile_kernel, run_kernel
+from fusegrad.codegen.kernel import Opt, OptOps
 
 
 def _np_softmax(x):
@@ -107,3 +108,20 @@ def test_reduce_feeding_a_reduce_over_its_rows_is_two_kernels():
   assert len(_kernels(out)) == 2
   xn = x.numpy().astype(np.float64)
   np.testing.assert_allclose(out.numpy(), np.exp(xn - xn.max(1, keepdims=True)).sum(0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("opts", [
+  [Opt(OptOps.GROUP, 0, 12), Opt(OptOps.GROUP, 1, 12), Opt(OptOps.LOCAL, 1, 12)],   # 12: every thread reads all
+  [Opt(OptOps.GROUP, 0, 12), Opt(OptOps.GROUP, 1, 12)],          # output axis a loop, one thread of 12 writes
+  [Opt(OptOps.GROUPTOP, 0, 16), Opt(OptOps.GROUP, 1, 16), Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.UPCAST, 0, 2)],
+  [Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.GROUP, 1, 4)],
+], ids=["group12_shared", "group12_idle_threads", "grouptop_local_upcast", "unroll_upcast_group"])
+def test_opt_combinations_on_python(opts):
+  """Opt lists BEAM may try on a fused softmax (groups that are not powers of two, threads the output does not use,
+  upcasts of rows): the SIMT interpreter's result equals numpy's."""
+  x = np.random.default_rng(3).standard_normal((2, 48)).astype(np.float32)
+  si = _kernels(Tensor(x, device="PYTHON").realize().softmax(-1))[0]
+  for b in si.bufs: b.allocate()
+  run_kernel(compile_kernel(kernel_for(si.ast, "PYTHON", opts), "PYTHON"), si.bufs, si.var_vals)
+  np.testing.assert_allclose(si.bufs[0].numpy().reshape(2, 48), _np_softmax(x.astype(np.float64)), rtol=1e-5,
+                             atol=1e-7)
