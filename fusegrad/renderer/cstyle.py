@@ -71,6 +71,18 @@ VECTOR_EXP2 = """static inline V fg_exp2_V(V x) { typedef __typeof__(x > x) I; V
   return p * (V)((h + 127) << 23) * (V)((e - h + 127) << 23); }"""
 
 
+# the same on 16 floats with AVX-512: clamp (max/min keep a NaN operand: it is the second one), round, and scalef
+# for p * 2^n, which is inf above 2^128 and rounds to denormals and 0 below 2^-126
+AVX512_EXP2 = """static inline floatx16 fg_exp2_floatx16(floatx16 x) { __m512 v = (__m512)x;
+  __m512 t = _mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), v));
+  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(0.00015345805f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013399931f)); p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009618489f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503286f)); p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022646f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931472f)); p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return (floatx16)_mm512_scalef_ps(p, n); }"""
+
+
 class CStyleRenderer(Renderer):
   """C source for a UOp list. Dialects override the small hooks below (types, indices, barriers, kernel header)."""
   kernel_prefix = ""
@@ -182,7 +194,10 @@ class CStyleRenderer(Renderer):
                       f"__typeof__(a > b) m = (a != a) | (a > b); "
                       f"return ({d.name})((m & (__typeof__(m))a) | (~m & (__typeof__(m))b)); }}")
     for d in sorted({u.dtype for u in uops if u.op is Ops.EXP2 and u.dtype.count > 1}, key=lambda d: d.name):
-      typedefs.append(VECTOR_EXP2.replace("V", d.name))
+      generic = VECTOR_EXP2.replace("V", d.name)
+      if d.count == 16 and d.scalar is dtypes.float32:   # AVX-512 has the pieces as single instructions
+        generic = f"#if defined(__AVX512F__)\n#include <immintrin.h>\n{AVX512_EXP2}\n#else\n{generic}\n#endif"
+      typedefs.append(generic)
     return C_PRELUDE + "\n".join(typedefs)
 
   # ***** the program *****
