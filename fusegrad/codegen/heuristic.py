@@ -189,15 +189,15 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
 def _gpu_tile(k: Kernel) -> bool:
   """Thread blocks: a register tile over two output axes that reuse different inputs (matmul: columns reuse A, rows
   reuse B; conv: the image row reuses the weights, output channels reuse the image), 8x8 for a matmul and 4x8 for
-  a conv, the shapes that timed best on the H200 (bench/NOTES.md run 8); on a vector CPU a conv takes 4x16
-  (131 -> 79 ms for the CPU bench conv)."""
+  a conv, the shapes that timed best on the H200 (bench/NOTES.md run 8); on a vector CPU a conv takes 8x8
+  (both cores: 40 -> 20 ms for the CPU bench conv)."""
   def broadcast(axis: int) -> set[int]:
     return {i for i, st in enumerate(k.load_sts()) if st.real_strides()[axis] == 0}
   axes = [a for a in range(k.first_reduce) if _int(k.full_shape[a]) and k.full_shape[a] % 4 == 0 and broadcast(a)]
   if not axes: return False
   first = axes[-1]
   second = next((a for a in reversed(axes) if a != first and broadcast(a) - broadcast(first)), None)
-  amounts = ((4, 16) if k.opts.vector_alu else (4, 8)) if len(axes) > 2 else (8, 8)
+  amounts = ((8, 8) if k.opts.vector_alu else (4, 8)) if len(axes) > 2 else (8, 8)
   done = False
   for axis, amount in ((first, amounts[0]), (second, amounts[1])):
     if axis is None: continue
