@@ -170,7 +170,7 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
   """Upcast output axes that an input reads with stride 0 (each loaded value is reused across the upcast), a
   different axis each time where there is one: a 4x4 register tile of a matmul reuses each load 4 times."""
   if k.opts.vector_alu and _vector_tile(k): return
-  if (k.opts.has_local or k.opts.vector_alu) and _gpu_tile(k): return
+  if (k.opts.has_local or k.opts.vector_alu) and _reuse_tile(k): return
   used: set[int] = set()
   for _ in range(2):
     if k.upcast_size() >= 16: return
@@ -186,11 +186,11 @@ def _upcast_broadcast_axes(k: Kernel) -> None:
     used.add(axis)
 
 
-def _gpu_tile(k: Kernel) -> bool:
-  """Thread blocks: a register tile over two output axes that reuse different inputs (matmul: columns reuse A, rows
-  reuse B; conv: the image row reuses the weights, output channels reuse the image), 8x8 for a matmul and 4x8 for
-  a conv, the shapes that timed best on the H200 (bench/NOTES.md run 8); on a vector CPU a conv takes 8x8
-  (both cores: 40 -> 20 ms for the CPU bench conv)."""
+def _reuse_tile(k: Kernel) -> bool:
+  """A register tile over two output axes that reuse different inputs (matmul: columns reuse A, rows reuse B; conv:
+  the image row reuses the weights, output channels reuse the image). GPUs: 8x8 for a matmul, 4x8 (plus 2 image
+  rows) for a conv, the shapes that timed best on the H200 (bench/NOTES.md runs 8 and 10); a vector CPU's conv
+  takes 8x8 (both cores: 40 -> 19 ms for the CPU bench conv). Matmuls on a vector CPU go through _vector_tile."""
   def broadcast(axis: int) -> set[int]:
     return {i for i, st in enumerate(k.load_sts()) if st.real_strides()[axis] == 0}
   axes = [a for a in range(k.first_reduce) if _int(k.full_shape[a]) and k.full_shape[a] % 4 == 0 and broadcast(a)]
