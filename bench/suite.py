@@ -572,7 +572,7 @@ def main(args) -> int:
   with Context(DEV=device):
     for case in CASES:
       if args.cases and case.name not in args.cases: continue
-      row = run_case(case, device, runs, args.beam, args.beam_budget)
+      row = run_case(case, device, runs, getattr(args, "beam", 0), getattr(args, "beam_budget", 60))
       if row is not None:
         rows.append(row)
         print(f"  {case.name}: {row['fusegrad_s'] * 1e3:.3f} ms", file=sys.stderr)

@@ -98,3 +98,17 @@ def test_bench_command_prints_tables_and_keeps_other_rows(monkeypatch, tmp_path,
   assert set(result["first_run_s"]) >= set(STAGES) and result["first_run_cases"] == ["overhead"]
   with pytest.raises(SystemExit, match="unknown case"):
     suite.main(Namespace(device="CPU", quick=True, cases=["nope"]))
+
+
+def test_beam_column(tmp_path):
+  """--beam times the case again with the opts a search finds (it starts from the heuristics too), within the budget,
+  and measures what the second, warm-cache lookup costs per kernel."""
+  case = next(c for c in suite.CASES if c.name == "reduce_rows")
+  small = [np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)]
+  row: dict = {}
+  with Context(CACHE_DIR=str(tmp_path)):
+    tensors = [Tensor(x, device="CPU").realize() for x in small]
+    suite.run_beam(case, "CPU", 3, tensors, beam=2, budget=5, row=row)
+  assert row["beam_s"] > 0 and row["beam_search_s"] < 5 + 30   # the budget, plus one round finishing
+  assert 0 <= row["beam_warm_s_per_kernel"] < 0.5
+  assert (tmp_path / "beam.json").exists()
