@@ -7,9 +7,12 @@ device and compiler identity. A device may also offer a graph: a captured list o
 uses it; a CUDA graph on CUDA, precomputed ctypes calls on CPU).
 """
 from __future__ import annotations
+import contextlib
 import hashlib
+import os
 import importlib
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 import numpy as np
@@ -29,6 +32,36 @@ class Allocator:
   def copyout(self, dest: memoryview, handle: Any) -> None: raise NotImplementedError
 
 
+_DEFERRED: list[list[tuple[Compiler, str]]] = []   # open deferred_compiles() blocks: the sources they postponed
+
+
+@contextlib.contextmanager
+def deferred_compiles():
+  """Inside the block, `compile_cached` of a source whose binary is not on disk yet records it and returns b""
+  instead of compiling; the block yields the list of (compiler, source) pairs, for `compile_many` afterwards."""
+  pending: list[tuple[Compiler, str]] = []
+  _DEFERRED.append(pending)
+  try:
+    yield pending
+  finally:
+    _DEFERRED.remove(pending)
+
+
+def compile_many(jobs: list[tuple[Compiler, str]]) -> dict[tuple[Compiler, str], Exception]:
+  """Compile sources into the binary cache side by side (the compilers are subprocesses or release the GIL);
+  returns the jobs that failed, with their errors."""
+  jobs = list(dict.fromkeys(jobs))
+  def run(job):
+    try:
+      job[0].compile_cached(job[1])
+      return None
+    except RuntimeError as e:
+      return e
+  if not jobs: return {}
+  with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+    return {job: err for job, err in zip(jobs, pool.map(run, jobs)) if err is not None}
+
+
 class Compiler:
   """Source -> binary, with an on-disk cache keyed by source and `cache_key` (compiler identity, arch, flags)."""
   cache_key: str = ""
@@ -39,6 +72,9 @@ class Compiler:
     digest = hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
     path = cache_dir() / "kernels" / f"{digest}.bin"
     if path.exists(): return path.read_bytes()
+    if _DEFERRED:
+      _DEFERRED[-1].append((self, src))
+      return b""
     lib = self.compile(src)
     write_atomic(path, lib)   # a temporary file, then a rename: parallel processes never see half a binary
     return lib

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fusegrad.config import config
 from fusegrad.helpers import GlobalCounters, ansilen, stage
 from fusegrad.uop import UOp, Ops
-from fusegrad.device import Device, Buffer
+from fusegrad.device import Device, Buffer, deferred_compiles, compile_many
 from fusegrad.codegen.kernel import Kernel, Opt
 from fusegrad.codegen.linearizer import LinearProgram
 from fusegrad.engine.compile import KernelSource, ProgramInfo, build_program, render_kernel
@@ -64,6 +64,15 @@ def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
   return _load(render_kernel(k, device), device, start)
 
 
+def _search(ast: UOp, device: str, si: ScheduleItem | None):
+  """The BEAM search for this kernel when BEAM is on (it needs the item's buffers), else None: heuristics."""
+  if config.BEAM <= 0 or si is None: return None
+  def search() -> list[Opt]:
+    with stage("optimize"):
+      return beam_search(ast, si.bufs, si.var_vals, device)
+  return search
+
+
 def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> CompiledKernel:
   """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk); from
   the disk's program cache when a process before this one built it."""
@@ -71,13 +80,34 @@ def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> Compil
   ck = _PROGRAMS.get(key)
   if ck is None:
     start = time.perf_counter()
-
-    def search() -> list[Opt]:
-      with stage("optimize"):
-        return beam_search(ast, si.bufs, si.var_vals, device)
-    ks = build_program(ast, device, search=search if config.BEAM > 0 and si is not None else None)
+    ks = build_program(ast, device, search=_search(ast, device, si))
     ck = _PROGRAMS[key] = _load(ks, device, start)
   return ck
+
+
+def compile_ahead(schedule: list[ScheduleItem]) -> None:
+  """Before a schedule runs, build the sources of its new kernels and compile them side by side (a C compiler
+  process or an NVRTC call each, one per core), so the first run of a model compiles in a fraction of the time.
+  Nothing to overlap (fewer than two new kernels) or no disk cache (NOCACHE compiles on the spot): one by one."""
+  todo: dict[tuple, ScheduleItem] = {}
+  for si in schedule:
+    key = (si.ast, si.bufs[0].device, config.NOOPT, config.BEAM) if si.ast.op is Ops.SINK else None
+    if key is not None and key not in _PROGRAMS: todo.setdefault(key, si)
+  if len(todo) < 2: return
+  start = time.perf_counter()
+  with deferred_compiles() as pending:
+    built = [(key, build_program(key[0], key[1], search=_search(key[0], key[1], si))) for key, si in todo.items()]
+  with stage("compile"):
+    failed = compile_many(pending)
+    ready = []
+    for key, ks in built:   # binaries postponed above are on disk now
+      err = failed.get((Device[key[1]].compiler, ks.src))
+      if err is not None and not ks.cached: raise err
+      if err is not None: continue   # a disk-cache entry that no longer builds: get_program rebuilds it
+      if not ks.lib: ks.lib = Device[key[1]].compiler.compile_cached(ks.src)
+      ready.append((key, ks))
+  GlobalCounters.compile_time_s += time.perf_counter() - start
+  for key, ks in ready: _PROGRAMS[key] = _load(ks, key[1], time.perf_counter())
 
 
 def launch_dims(lin, var_vals: dict[UOp, int]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
@@ -116,6 +146,7 @@ def _print_kernel_line(ck: CompiledKernel, elapsed: float, gsz, lsz) -> None:
 def run_schedule(schedule: list[ScheduleItem]) -> None:
   """Run every item in order, then mark each output as realized (dropping its lazy sources). Timed as the "run"
   stage, less the stages of compiling a kernel on its first use."""
+  compile_ahead(schedule)
   with stage("run"):
     for si in schedule:
       if si.ast.op is Ops.EMPTY:
