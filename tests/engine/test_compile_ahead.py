@@ -3,22 +3,10 @@ built first with its compile postponed (device.deferred_compiles), the compilers
 (device.compile_many), and the programs are loaded; results equal those of kernel-by-kernel compilation."""
 import numpy as np
 import pytest
-from fusegrad import Tensor, Context, GlobalCounters
+from fusegrad import Tensor, GlobalCounters
 from fusegrad.device import Device, deferred_compiles, compile_many
 from fusegrad.engine import realize
 from fusegrad.engine.schedule import create_schedule
-
-
-@pytest.fixture
-def fresh_cache(tmp_path):
-  saved = dict(realize._PROGRAMS)
-  realize._PROGRAMS.clear()
-  try:
-    with Context(CACHE_DIR=str(tmp_path), NOCACHE=False):
-      yield tmp_path
-  finally:
-    realize._PROGRAMS.clear()
-    realize._PROGRAMS.update(saved)
 
 
 def _expr(seed: int):
@@ -27,19 +15,19 @@ def _expr(seed: int):
   return (a * b).sum(1).contiguous() + (a - b).max(1).contiguous() * 2, a.numpy(), b.numpy()
 
 
-def test_deferred_compiles_record_then_compile_many_fills_the_cache(fresh_cache):
+def test_deferred_compiles_record_then_compile_many_fills_the_cache(cache):
   src = "void k(float* restrict a) { a[0] = 1.0f; }"
   compiler = Device["CPU"].compiler
   with deferred_compiles() as pending:
     assert compiler.compile_cached(src) == b""
   assert pending == [(compiler, src)]
   assert compile_many(pending) == {}
-  assert len(list((fresh_cache / "kernels").glob("*.bin"))) == 1
+  assert len(list((cache / "kernels").glob("*.bin"))) == 1
   with deferred_compiles() as pending:   # on disk now: served at once, nothing postponed
     assert compiler.compile_cached(src) != b"" and pending == []
 
 
-def test_schedule_compiles_ahead_and_matches(fresh_cache):
+def test_schedule_compiles_ahead_and_matches(cache):
   out, a, b = _expr(0)
   sched = create_schedule([out.lazydata])
   assert sum(si.ast.op.name == "SINK" for si in sched) >= 2
@@ -51,7 +39,7 @@ def test_schedule_compiles_ahead_and_matches(fresh_cache):
   assert all(hasattr(ck.lin, "uops") for ck in realize._PROGRAMS.values())
 
 
-def test_a_kernel_that_does_not_compile_still_raises_with_its_source(fresh_cache, monkeypatch):
+def test_a_kernel_that_does_not_compile_still_raises_with_its_source(cache, monkeypatch):
   compiler = Device["CPU"].compiler
   real = type(compiler).compile
   monkeypatch.setattr(type(compiler), "compile", lambda self, src: real(self, src + "\nthis is not C"))

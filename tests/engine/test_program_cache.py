@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import numpy as np
-import pytest
 from fusegrad import Tensor, Context, GlobalCounters, Variable
 from fusegrad.dtype import dtypes
 from fusegrad.uop import Ops
@@ -24,19 +23,6 @@ from fusegrad.renderer.cstyle import CRenderer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 rng = np.random.default_rng(0)
-
-
-@pytest.fixture
-def cache(tmp_path):
-  """A fresh CACHE_DIR (on even under NOCACHE=1), and no programs in memory (other tests' come back afterwards)."""
-  saved = dict(realize._PROGRAMS)
-  realize._PROGRAMS.clear()
-  try:
-    with Context(CACHE_DIR=str(tmp_path), NOCACHE=False):
-      yield tmp_path
-  finally:
-    realize._PROGRAMS.clear()
-    realize._PROGRAMS.update(saved)
 
 
 def entries(cache_dir: pathlib.Path) -> list[pathlib.Path]:
