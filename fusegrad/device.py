@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import importlib
 import functools
 from concurrent.futures import ThreadPoolExecutor
@@ -32,19 +33,24 @@ class Allocator:
   def copyout(self, dest: memoryview, handle: Any) -> None: raise NotImplementedError
 
 
-_DEFERRED: list[list[tuple[Compiler, str]]] = []   # open deferred_compiles() blocks: the sources they postponed
+_DEFERRED = threading.local()   # per thread: the open deferred_compiles() blocks' lists of postponed sources
+
+
+def _deferred() -> list[list[tuple[Compiler, str]]]:
+  if not hasattr(_DEFERRED, "blocks"): _DEFERRED.blocks = []
+  return _DEFERRED.blocks
 
 
 @contextlib.contextmanager
 def deferred_compiles():
-  """Inside the block, `compile_cached` of a source whose binary is not on disk yet records it and returns b""
-  instead of compiling; the block yields the list of (compiler, source) pairs, for `compile_many` afterwards."""
+  """Inside the block (in this thread), `compile_cached` of a source whose binary is not on disk yet records it and
+  returns b"" instead of compiling; the block yields the list of (compiler, source) pairs, for `compile_many`."""
   pending: list[tuple[Compiler, str]] = []
-  _DEFERRED.append(pending)
+  _deferred().append(pending)
   try:
     yield pending
   finally:
-    _DEFERRED.remove(pending)
+    _deferred().remove(pending)
 
 
 def compile_many(jobs: list[tuple[Compiler, str]]) -> dict[tuple[Compiler, str], Exception]:
@@ -72,8 +78,8 @@ class Compiler:
     digest = hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
     path = cache_dir() / "kernels" / f"{digest}.bin"
     if path.exists(): return path.read_bytes()
-    if _DEFERRED:
-      _DEFERRED[-1].append((self, src))
+    if _deferred():
+      _deferred()[-1].append((self, src))
       return b""
     lib = self.compile(src)
     write_atomic(path, lib)   # a temporary file, then a rename: parallel processes never see half a binary

@@ -527,11 +527,16 @@ class MultiLowerer(Lowerer):
       if k.threads > 1:
         idxs[0] = UOp(Ops.SPECIAL, dtypes.index, (), SpecialArg("core0", 0, k.threads))
         loop_axes = loop_axes[1:]
+    # the axes the reduces vary along outermost: a reduce then runs once per index of them, not once per index of
+    # every loop outside them (softmax over axis 0: the column loop outside, the row loop inside)
+    used = set().union(*deps) if deps else set()
+    loop_axes = [i for i in loop_axes if i in used] + [i for i in loop_axes if i not in used]
     for i in loop_axes:   # (named apart from the grid ids, which are numbered from 0 too)
       parent = self.loop(f"{'oidx' if self.opts.has_local else 'gidx'}{i}", fs[i], parent)
       idxs[i] = self.global_loops[i] = parent
     self.outer_blocks = (parent,) if parent is not None else ()
     self.loop_count = 0
+    self.trailing: list[UOp] = []   # barriers after shared totals are read inside a loop (see share_partials)
     return idxs
 
   def lower(self) -> UOp:
@@ -549,7 +554,8 @@ class MultiLowerer(Lowerer):
       cond = UOp.const(dtypes.bool, True)
       for tid in idle: cond = cond & tid.eq(0)
       gate = UOp(Ops.IF, dtypes.void, (simplify(cond),) + self.outer_blocks)   # inside the output loops
-    return self.lower_stores(idxs, gate)
+    sink = self.lower_stores(idxs, gate)
+    return UOp(Ops.SINK, dtypes.void, sink.src + tuple(self.trailing))
 
   def lower_one_reduce(self, r: UOp, idxs: list[UOp | None]) -> list[UOp]:
     k, fs = self.k, self.full_shape
@@ -557,7 +563,8 @@ class MultiLowerer(Lowerer):
     deps = k.phase_axes(r) - own
     first_loop = k.first_reduce + k.group_for_reduces
     # the reduce runs inside the outer loops it depends on, and only those
-    outer = [self.global_loops[i] for i in sorted(self.global_loops) if i in deps]
+    # the innermost of the loops it depends on (they are outermost, in the order make_indices nested them)
+    outer = [loop for i, loop in self.global_loops.items() if i in deps]
     parent = outer[-1] if outer else None
     enclosing = (parent,) if parent is not None else ()
     ridxs = list(idxs)
@@ -601,7 +608,8 @@ class MultiLowerer(Lowerer):
       def at(g: UOp) -> list[UOp]: return [g if i == j else t for i, t in enumerate(self.thread_ids)]
       barrier = self.halving_tree(temp, lambda g, n: flat(at(g), n), tid, size, r.arg.op, r.dtype, len(keys), barrier)
       zero = UOp.const(dtypes.index, 0)
-      return {key: UOp(Ops.LOAD, r.dtype, (temp, flat(at(zero), n), barrier)) for n, key in enumerate(keys)}
+      totals = {key: UOp(Ops.LOAD, r.dtype, (temp, flat(at(zero), n), barrier)) for n, key in enumerate(keys)}
+      return self.reused(totals, enclosing)
     parent = enclosing[-1] if enclosing else None
     ids = list(self.thread_ids)
     loops = []
@@ -616,7 +624,13 @@ class MultiLowerer(Lowerer):
       self.acc_count += 1
       partial = UOp(Ops.LOAD, r.dtype, (temp, flat(ids, n), barrier))
       out[key] = UOp(Ops.PHI, r.dtype, (acc, UOp(r.arg.op, r.dtype, (acc, partial))) + (loops[-1],))
-    return out
+    return self.reused(out, enclosing)
+
+  def reused(self, totals: dict, enclosing: tuple) -> dict:
+    """Inside a loop the shared buffer is written again by the next iteration's partials: every thread must have
+    read this iteration's totals first, so a barrier follows the reads (kept alive as a root of the SINK)."""
+    if enclosing: self.trailing.append(UOp(Ops.BARRIER, dtypes.void, tuple(totals.values())))
+    return totals
 
 
 # ***** step 4: placement and ordering *****

@@ -88,12 +88,13 @@ def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> Compil
 def compile_ahead(schedule: list[ScheduleItem]) -> None:
   """Before a schedule runs, build the sources of its new kernels and compile them side by side (a C compiler
   process or an NVRTC call each, one per core), so the first run of a model compiles in a fraction of the time.
-  Nothing to overlap (fewer than two new kernels) or no disk cache (NOCACHE compiles on the spot): one by one."""
+  Nothing to overlap (fewer than two new kernels), no disk cache (NOCACHE compiles on the spot) or a BEAM search:
+  one by one. Compiles from other threads while this runs are not deferred (the deferral is per thread)."""
   todo: dict[tuple, ScheduleItem] = {}
   for si in schedule:
     key = (si.ast, si.bufs[0].device, config.NOOPT, config.BEAM) if si.ast.op is Ops.SINK else None
     if key is not None and key not in _PROGRAMS: todo.setdefault(key, si)
-  if len(todo) < 2: return
+  if len(todo) < 2 or config.BEAM > 0: return   # BEAM compiles and times its candidates itself, one by one
   start = time.perf_counter()
   with deferred_compiles() as pending:
     built = [(key, build_program(key[0], key[1], search=_search(key[0], key[1], si))) for key, si in todo.items()]

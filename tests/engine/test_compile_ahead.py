@@ -3,7 +3,7 @@ built first with its compile postponed (device.deferred_compiles), the compilers
 (device.compile_many), and the programs are loaded; results equal those of kernel-by-kernel compilation."""
 import numpy as np
 import pytest
-from fusegrad import Tensor, GlobalCounters
+from fusegrad import Tensor, Context, GlobalCounters
 from fusegrad.device import Device, deferred_compiles, compile_many
 from fusegrad.engine import realize
 from fusegrad.engine.schedule import create_schedule
@@ -46,3 +46,15 @@ def test_a_kernel_that_does_not_compile_still_raises_with_its_source(cache, monk
   out, _, _ = _expr(1)
   with pytest.raises(RuntimeError, match="CPU compile failed"):
     out.realize()
+
+
+def test_beam_compiles_its_candidates_itself(cache):
+  """With BEAM on, the search compiles and times every candidate: compiling ahead stands aside (a postponed compile
+  would hand it an empty binary)."""
+  rng = np.random.default_rng(4)
+  a, b = (Tensor(rng.standard_normal((16, 16)).astype(np.float32)).realize() for _ in range(2))
+  s, m = a.sum(0), b.max(1)
+  with Context(BEAM=1, BEAM_BUDGET=2):
+    Tensor.realize_all(s, m)
+  np.testing.assert_allclose(s.numpy(), a.numpy().sum(0), rtol=1e-5)
+  np.testing.assert_allclose(m.numpy(), b.numpy().max(1))
