@@ -88,8 +88,7 @@ def _tc_pays(k: Kernel) -> bool:
 def _use_cores(k: Kernel) -> None:
   """Split the outer axis across the cores when there is enough work (>= 256K element-steps) to pay for it."""
   if k.multireduce:   # phases run one after another: the biggest phase is the work, not the product of all axes
-    def axes(p): return k.phase_axes(p) | (k.own_axes(p) if p is not None else set())
-    work = max(prod(_int(k.full_shape[a]) or 1 for a in axes(p)) for p in k.phases)
+    work = max(prod(_int(k.full_shape[a]) or 1 for a in k.phase_uses(p)) for p in k.phases)
   else:
     work = prod(_int(s) or 1 for s in k.full_shape)
   if work < (1 << 18) or k.global_dims == 0: return

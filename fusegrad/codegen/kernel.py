@@ -70,6 +70,8 @@ class Kernel:
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
     self.simplify_ones()
     self.simplify_merge_adjacent()
+    # a property of the AST: opts split and move axes but never change which axes a phase varies along
+    self.multireduce: bool = self._is_multireduce()
 
   # ***** phases: the parts of a kernel with several reduces *****
   def _phases(self) -> dict[UOp | None, tuple[list[int], list[UOp]]]:
@@ -103,8 +105,11 @@ class Kernel:
     return {i for a in accesses for i, s in enumerate(self.sts[a].shape)
             if self._is_reduce_axis(i) and not (isinstance(s, int) and s == 1)}
 
-  @property
-  def multireduce(self) -> bool:
+  def phase_uses(self, owner: UOp | None) -> set[int]:
+    """Every axis a phase's loops or lanes run over: the axes it varies along, and a reduce's own axes."""
+    return self.phase_axes(owner) | (self.own_axes(owner) if owner is not None else set())
+
+  def _is_multireduce(self) -> bool:
     """Several reduces in one kernel, or one whose result is broadcast along an axis it does not vary along (the
     fused softmax: max, sum and the elementwise output in one kernel, each reduce on axes of its own)."""
     if len(self.reduceops) > 1: return True
@@ -116,7 +121,7 @@ class Kernel:
     """Group axes into shared slots: in a multireduce kernel, axes of equal size that no phase uses together can
     share one index (one thread id, one lane), since the phases run one after another. Otherwise one slot each."""
     if not self.multireduce: return [[a] for a in axes]
-    uses = [self.phase_axes(p) | (self.own_axes(p) if p is not None else set()) for p in self.phases]
+    uses = [self.phase_uses(p) for p in self.phases]
     slots: list[list[int]] = []
     for a in axes:
       for slot in slots:
