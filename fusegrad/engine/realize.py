@@ -64,6 +64,11 @@ def compile_kernel(k: Kernel, device: str) -> CompiledKernel:
   return _load(render_kernel(k, device), device, start)
 
 
+def _memory_key(ast: UOp, device: str) -> tuple:
+  """The in-memory key of a program: the flags that choose the opts are part of it."""
+  return (ast, device, config.NOOPT, config.BEAM)
+
+
 def _search(ast: UOp, device: str, si: ScheduleItem | None):
   """The BEAM search for this kernel when BEAM is on (it needs the item's buffers), else None: heuristics."""
   if config.BEAM <= 0 or si is None: return None
@@ -76,7 +81,7 @@ def _search(ast: UOp, device: str, si: ScheduleItem | None):
 def get_program(ast: UOp, device: str, si: ScheduleItem | None = None) -> CompiledKernel:
   """The compiled program of an AST: hand-coded opts, or with BEAM=n the opts a search finds (cached on disk); from
   the disk's program cache when a process before this one built it."""
-  key = (ast, device, config.NOOPT, config.BEAM)   # the flags that choose the opts are part of the program
+  key = _memory_key(ast, device)
   ck = _PROGRAMS.get(key)
   if ck is None:
     start = time.perf_counter()
@@ -92,7 +97,7 @@ def compile_ahead(schedule: list[ScheduleItem]) -> None:
   one by one. Compiles from other threads while this runs are not deferred (the deferral is per thread)."""
   todo: dict[tuple, ScheduleItem] = {}
   for si in schedule:
-    key = (si.ast, si.bufs[0].device, config.NOOPT, config.BEAM) if si.ast.op is Ops.SINK else None
+    key = _memory_key(si.ast, si.bufs[0].device) if si.ast.op is Ops.SINK else None
     if key is not None and key not in _PROGRAMS: todo.setdefault(key, si)
   if len(todo) < 2 or config.BEAM > 0: return   # BEAM compiles and times its candidates itself, one by one
   start = time.perf_counter()
