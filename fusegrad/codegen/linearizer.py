@@ -100,13 +100,12 @@ class Lowerer:
       score = [any(st.real_strides()[ax] == 1 and st.shape[ax] == self.full_shape[ax] for ax in self.slots[j])
                for st in k.sts]
       return score[0] + 2 * sum(score[1:])
-    best = None
-    for j in range(len(self.slots)):
-      size = self.up_sizes[j]
+    best, best_score = None, (0, 0)
+    for j, size in enumerate(self.up_sizes):
       width = next((w for w in self.opts.vector_widths if w >= 4 and isinstance(size, int) and size % w == 0), 0)
-      if width and contiguous(j) > 0 and (best is None or (contiguous(j), width) > best[0]):
-        best = ((contiguous(j), width), (j, width))
-    return best[1] if best is not None else None
+      score = (contiguous(j), width) if width else (0, 0)
+      if score[0] > 0 and score > best_score: best, best_score = (j, width), score
+    return best
 
   def as_vector(self, vals: list[UOp]) -> tuple[UOp, bool]:
     """One vector UOp holding `vals` as lanes, and whether it is a real vector (the lanes of one vector value in
@@ -438,17 +437,9 @@ class Lowerer:
     local_axes = list(range(k.global_dims, k.first_reduce))
     group_axes = list(range(k.first_reduce, k.first_reduce + k.group_for_reduces))
     out_lanes = list(dict.fromkeys(out_key.values()))
-    local_sizes = [fs[i] for i in local_axes + group_axes] + [len(out_lanes)]
-    temp = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(local=True), (), LocalArg("temp", int(prod(local_sizes))))
-
-    def temp_index(local_idx: list[UOp], lane_no: int) -> UOp:
-      flat = UOp.const(dtypes.index, 0)
-      for ix, s in zip(local_idx, local_sizes[:-1]): flat = flat * s + ix
-      return simplify(flat * len(out_lanes) + lane_no)
     thread_idx = [idxs[i] for i in local_axes + group_axes]
-    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, temp_index(thread_idx, n), accs[key]))
-                   for n, key in enumerate(out_lanes))
-    barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+    temp, temp_index, barrier = self.stage_partials(red.dtype, "temp", [fs[i] for i in local_axes + group_axes],
+                                                    thread_idx, [accs[key] for key in out_lanes])
     late_idx = list(idxs)
     for i in group_axes: late_idx[i] = UOp.const(dtypes.index, 0)
     size = fs[group_axes[0]]
@@ -477,6 +468,19 @@ class Lowerer:
       partial = UOp(Ops.LOAD, red.dtype, (temp, temp_index(local_part, n), barrier))
       accs2[key] = UOp(Ops.PHI, red.dtype, (acc, UOp(arg.op, red.dtype, (acc, partial))) + tuple(group_loops))
     return [accs2[out_key[ln]] for ln in self.lanes], gate, late_idx
+
+  def stage_partials(self, dtype: DType, name: str, sizes: list, ids: list[UOp], values: list[UOp]):
+    """Every thread stores its partials in a shared buffer laid out [partial][thread ids], then a barrier. Returns
+    the buffer, `index(ids, n)` (partial n of the thread with those ids) and the barrier."""
+    threads = int(prod(sizes))
+    temp = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(name, threads * len(values)))
+
+    def index(at: list[UOp], n: int) -> UOp:
+      flat = UOp.const(dtypes.index, 0)
+      for i, size in zip(at, sizes): flat = flat * size + i
+      return simplify(flat + n * threads)
+    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, index(ids, n), v)) for n, v in enumerate(values))
+    return temp, index, UOp(Ops.BARRIER, dtypes.void, stores)
 
   def halving_tree(self, temp: UOp, index, tid: UOp, size: int, op: Ops, dtype: DType, count: int,
                    barrier: UOp) -> UOp:
@@ -592,16 +596,8 @@ class MultiLowerer(Lowerer):
     is one power-of-two thread id; else every thread reads all partials of its group after one barrier."""
     sizes = [self.full_shape[slot[0]] for slot in self.thread_slots]
     keys = list(accs)
-    threads = int(prod(sizes))
-    temp = UOp(Ops.DEFINE_LOCAL, r.dtype.ptr(local=True), (), LocalArg(f"temp{self.acc_count}", threads * len(keys)))
-
-    def flat(ids: list[UOp], n: int) -> UOp:
-      out = UOp.const(dtypes.index, 0)
-      for i, s in zip(ids, sizes): out = out * s + i
-      return simplify(out + n * threads)
-    stores = tuple(UOp(Ops.STORE, dtypes.void, (temp, flat(self.thread_ids, n), accs[key]))
-                   for n, key in enumerate(keys))
-    barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+    temp, flat, barrier = self.stage_partials(r.dtype, f"temp{self.acc_count}", sizes, self.thread_ids,
+                                              [accs[key] for key in keys])
     size = sizes[groups[0]]
     if len(groups) == 1 and size & (size - 1) == 0:
       j, tid = groups[0], self.thread_ids[groups[0]]
