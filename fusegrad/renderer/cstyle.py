@@ -61,26 +61,30 @@ static inline float fg_bf16_round(float f) { return fg_bf16_load(fg_bf16_store(f
 # 2^x on float32 vectors (the scalar exp2f is a libm call per lane): x = n + f with n = round(x) and |f| <= 1/2,
 # 2^f by a degree-6 polynomial (relative error < 1e-7, fitted here for 2^f on [-1/2, 1/2]), 2^n built from exponent
 # bits in two halves so that results from 2^-149 (denormal) to 2^128 (inf) come out right; NaN stays NaN
-VECTOR_EXP2 = """static inline V fg_exp2_V(V x) { typedef __typeof__(x > x) I; V z = {0};
+EXP2_POLY = ("0.00015345805f", "0.0013399931f", "0.009618489f", "0.055503286f", "0.24022646f", "0.6931472f", "1.0f")
+
+
+def _horner(step: str) -> str:
+  """The polynomial's Horner steps after `p = c0`, each rendered by `step` (from the coefficient)."""
+  return " ".join(f"p = {step.format(c=c)};" for c in EXP2_POLY[1:])
+
+
+VECTOR_EXP2 = ("""static inline V fg_exp2_V(V x) { typedef __typeof__(x > x) I; V z = {0};
   I hi = x > 128.0f, lo = x < -150.0f; V t = (V)((hi & (I)(z + 128.0f)) | (~hi & (I)x));
   t = (V)((lo & (I)(z - 150.0f)) | (~lo & (I)t));
   V n = (t + 12582912.0f) - 12582912.0f, f = t - n;
-  V p = z + 0.00015345805f; p = p * f + 0.0013399931f; p = p * f + 0.009618489f; p = p * f + 0.055503286f;
-  p = p * f + 0.24022646f; p = p * f + 0.6931472f; p = p * f + 1.0f;
+  V p = z + """ + EXP2_POLY[0] + "; " + _horner("p * f + {c}") + """
   I e = __builtin_convertvector(n, I), h = e >> 1;
-  return p * (V)((h + 127) << 23) * (V)((e - h + 127) << 23); }"""
+  return p * (V)((h + 127) << 23) * (V)((e - h + 127) << 23); }""")
 
 
 # the same on 16 floats with AVX-512: clamp (max/min keep a NaN operand: it is the second one), round, and scalef
 # for p * 2^n, which is inf above 2^128 and rounds to denormals and 0 below 2^-126
-AVX512_EXP2 = """static inline floatx16 fg_exp2_floatx16(floatx16 x) { __m512 v = (__m512)x;
+AVX512_EXP2 = ("""static inline floatx16 fg_exp2_floatx16(floatx16 x) { __m512 v = (__m512)x;
   __m512 t = _mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), v));
   __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(0.00015345805f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0013399931f)); p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009618489f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.055503286f)); p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022646f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931472f)); p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return (floatx16)_mm512_scalef_ps(p, n); }"""
+  __m512 p = _mm512_set1_ps(""" + EXP2_POLY[0] + "); " + _horner("_mm512_fmadd_ps(p, f, _mm512_set1_ps({c}))") + """
+  return (floatx16)_mm512_scalef_ps(p, n); }""")
 
 
 class CStyleRenderer(Renderer):
