@@ -185,19 +185,23 @@ class Tensor:
                       "list, a numpy array or a LazyBuffer")
     if dt is not None and lb.dtype is not dt: lb = lb.cast(dt)
     if dev is not None and lb.device != dev: lb = lb.copy_to_device(dev)
+    self._leaf(lb, None)
+    if requires_grad is not None: self.requires_grad_(requires_grad)
+
+  def _leaf(self, lb: LazyBuffer, requires_grad: bool | None) -> None:
+    """Every field of a fresh tensor: no gradient, no tape entry yet."""
     self.lazydata: LazyBuffer = lb
     self.grad: Tensor | None = None
     self._ctx: F.Function | None = None
     self._is_leaf = True
-    self.requires_grad: bool | None = None
-    if requires_grad is not None: self.requires_grad_(requires_grad)
+    self.requires_grad: bool | None = requires_grad
 
   @classmethod
   def _wrap(cls, lb: LazyBuffer, requires_grad: bool | None = None) -> Tensor:
     """A tensor of a LazyBuffer, without Tensor()'s argument checks (for ops whose output needs none; a True
     requires_grad must be on a float dtype)."""
     t = object.__new__(cls)
-    t.lazydata, t.grad, t._ctx, t._is_leaf, t.requires_grad = lb, None, None, True, requires_grad
+    t._leaf(lb, requires_grad)
     return t
 
   def _attach(self, ctx: F.Function) -> None:
