@@ -17,7 +17,7 @@ from fusegrad.codegen.tensor_cores import TCPlan, match_matmul, M as TC_M, N as 
 
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); LASTLOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
-  NOLOCALS = auto(); PADTO = auto(); TC = auto(); THREAD = auto()  # noqa: E702
+  NOLOCALS = auto(); PADTO = auto(); TC = auto(); THREAD = auto(); STAGE = auto()  # noqa: E702
 
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
@@ -30,6 +30,21 @@ class Opt:
   amount: int | None = None
 
   def __repr__(self) -> str: return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+
+@dataclass(frozen=True)
+class StagedLoad:
+  """A load the threads of a block share, read through shared memory (STAGE): in each iteration of the reduce
+  loops the block copies the tile its threads and lanes read into a shared array, then computes from there.
+  `axes` are the tile's axes in the buffer's own order, slowest first (so the copy reads whole rows of the
+  buffer); `strides` their strides in the shared array, whose rows (the part contiguous in the buffer) are padded
+  by 16 bytes so that threads reading different rows hit different banks."""
+  access: int                  # position in Kernel.accesses
+  axes: tuple[int, ...]
+  strides: tuple[int, ...]
+  row: int                     # how many of the last axes make the contiguous run (0: the last one is gathered)
+  elements: int                # elements one tile copies
+  size: int                    # elements of one tile's array, padding included (a multiple of 16 bytes)
 
 
 class KernelOptError(ValueError):
@@ -65,6 +80,7 @@ class Kernel:
     self.applied_opts: list[Opt] = []
     self.tensor_core: TCPlan | None = None
     self.threads = 1   # CPU: axis 0 is split across this many cores (THREAD)
+    self.staged: list[StagedLoad] = []   # loads read through shared memory (STAGE)
     # reduce axes last, then drop size-1 axes and merge what can be merged
     reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
@@ -245,6 +261,7 @@ class Kernel:
   # ***** opts *****
   def apply_opt(self, opt: Opt) -> None:
     """Apply one Opt; raise KernelOptError (and leave the kernel unchanged) when it does not fit."""
+    _check(not self.staged, f"{opt}: STAGE must be the last opt (its tiles are laid out for the final layout)")
     saved = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.dont_use_locals)
     try:
       self._apply_opt(opt)
@@ -265,8 +282,9 @@ class Kernel:
 
   def _apply_opt(self, opt: Opt) -> None:
     if opt.op is OptOps.TC: return self.apply_tensor_cores()
-    _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL),
-           f"{opt}: after TC only UPCAST and UNROLL may follow (the warp layout is fixed)")
+    if opt.op is OptOps.STAGE: return self.apply_stage()
+    _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL),
+           f"{opt}: after TC only UPCAST, UNROLL and LOCAL may follow (the warp layout is fixed)")
     if opt.op is OptOps.THREAD: return self.apply_threads(opt)
     if opt.op is OptOps.NOLOCALS:
       _check(self.local_dims == 0 and self.group_for_reduces == 0, f"{opt}: locals are already in use")
@@ -287,7 +305,9 @@ class Kernel:
       limit = 256 * (16 if self.tensor_core is not None else 1)
       _check(self.lane_count() <= limit, f"{opt}: more than {limit} upcasted elements")
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
-      self.shift_to(axis, amount, top=opt.op is OptOps.LASTLOCAL, insert_before=self.first_reduce)
+      # after TC the warp's own ids (g, t) stay the last two local axes: new ones (warps per block) go before them
+      self.shift_to(axis, amount, top=opt.op is OptOps.LASTLOCAL,
+                    insert_before=self.global_dims if self.tensor_core is not None else self.first_reduce)
       self.local_dims += 1
       _check(self.thread_count() <= self.opts.local_max_threads,
              f"{opt}: more than {self.opts.local_max_threads} threads per block")
@@ -344,6 +364,49 @@ class Kernel:
     self.upcasted += 1
     self.simplify_ones()
     self.tensor_core = TCPlan(a, b, dtype_in)
+
+  def apply_stage(self) -> None:
+    """Read the reduce's loads that several threads of a block share (matmul: a row of A for every thread of a
+    column of the block) from shared memory, filled by the whole block once per iteration of the reduce loops
+    (two tiles per load, alternating, so one barrier per iteration suffices). The last opt of a kernel."""
+    _check(self.opts.has_shared and self.opts.has_local and not self.dont_use_locals and self.local_dims > 0,
+           "STAGE: needs thread blocks with shared memory (and a LOCAL axis)")
+    _check(self.reduceop is not None and not self.multireduce and self.group_for_reduces == 0,
+           "STAGE: needs one reduce that is not grouped")
+    fs = self.full_shape
+    _check(all(isinstance(s, int) for s in fs[self.global_dims:]), f"STAGE: the block's shape {fs} is symbolic")
+    block, lanes = list(range(self.global_dims, self.first_reduce)), self.upcasted_axes()
+    threads, double = self.thread_count(), self.first_upcast > self.first_reduce
+    staged, total = [], 0
+    for i in self.phases[self.reduceop][0]:
+      if self.accesses[i].op is not Ops.LOAD: continue
+      st = self.sts[i]
+      strides = st.real_strides()
+      def varies(ax: int) -> bool: return fs[ax] > 1 and st.shape[ax] != 1 and strides[ax] != 0  # noqa: B023
+      if all(varies(ax) for ax in block if fs[ax] > 1): continue   # no other thread reads what this one does
+      # the buffer's order, slowest first: None (a gathered axis) counts as slowest; ties keep the layout's order
+      axes = sorted((ax for ax in block + lanes if varies(ax)),
+                    key=lambda ax: -strides[ax] if isinstance(strides[ax], int) else -(1 << 62))  # noqa: B023
+      item = self.accesses[i].src[0].dtype.base.itemsize
+      smem: dict[int, int] = {}
+      running, row = 1, None
+      for n, ax in enumerate(reversed(axes)):
+        if row is None and strides[ax] != running:   # past the run of axes contiguous in the buffer: pad the row
+          row = n
+          if running > 1: running += 16 // item
+        smem[ax] = running
+        running *= fs[ax]
+      elements = int(prod(fs[ax] for ax in axes))
+      size = -(-running // (16 // item)) * (16 // item)
+      _check(elements % threads == 0 and elements // threads <= 1024,
+             f"STAGE: a tile of {elements} elements does not split evenly over {threads} threads")
+      staged.append(StagedLoad(i, tuple(axes), tuple(smem[ax] for ax in axes), len(axes) if row is None else row,
+                               elements, size))
+      total += size * item * (2 if double else 1)
+    _check(bool(staged), "STAGE: no load of the reduce is shared by the threads of a block")
+    _check(total <= self.opts.shared_max, f"STAGE: tiles need {total} bytes of shared memory, more than "
+                                          f"{self.opts.shared_max}")
+    self.staged = staged
 
   def _tc_axes(self, a: UOp, b: UOp):
     sa, sb = self.sts[self.accesses.index(a)].real_strides(), self.sts[self.accesses.index(b)].real_strides()

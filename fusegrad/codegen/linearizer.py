@@ -19,7 +19,9 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg
 from fusegrad.rewrite import graph_rewrite
 from fusegrad.symbolic import symbolic, simplify
-from fusegrad.codegen.kernel import Kernel
+from fusegrad.shape.shapetracker import ShapeTracker
+from fusegrad.shape.view import View
+from fusegrad.codegen.kernel import Kernel, StagedLoad
 from fusegrad.codegen.tensor_cores import WMMAArg, a_pos, b_pos, A_REGS, B_REGS, C_REGS
 
 
@@ -90,6 +92,7 @@ class Lowerer:
     self.reduce_loops: tuple[UOp, ...] = ()
     self.lane_index = {ln: i for i, ln in enumerate(self.lanes)}
     self.valu = self.alu_vector_lanes()
+    self.stage_views: dict[UOp, tuple[UOp, ShapeTracker, UOp | None]] = {}   # staged load -> (shared array, view, offset)
 
   def alu_vector_lanes(self) -> tuple[int, int] | None:
     """(upcast axis position, width) along which ALU ops work on whole vectors: the upcast axis along which the most
@@ -194,15 +197,19 @@ class Lowerer:
       groups.setdefault(key, []).append(ln)
     return [sorted(g, key=lambda ln: ln[j]) for g in groups.values()]
 
-  def load(self, access: UOp, st, buf: UOp, base_idxs, zero_reduce: bool, barrier: UOp | None = None) -> list[UOp]:
-    """One UOp per lane for a LOAD through view `st`; vector loads where possible, gated where the view is masked."""
+  def load(self, access: UOp, st, buf: UOp, base_idxs, zero_reduce: bool, barrier: UOp | None = None,
+           offset: UOp | None = None) -> list[UOp]:
+    """One UOp per lane for a LOAD through view `st` (plus `offset`, which keeps vector alignment); vector loads
+    where possible, gated where the view is masked."""
     dtype = access.dtype
     out: dict[tuple, UOp] = {}
     lanes = sorted(set(self.lane_key(ln, zero_reduce) for ln in self.lanes))
     vec = self.vector_axis(st, dtype)
     for group in self.group_lanes(vec, lanes):
       accesses = [st.expr_idxs(self.lane_indices(base_idxs, ln, zero_reduce)) for ln in group]
-      if len(group) > 1 and not self.can_vectorize(accesses, len(group)):
+      vectorize = len(group) > 1 and self.can_vectorize(accesses, len(group))
+      if offset is not None: accesses = [(idx + offset, valid) for idx, valid in accesses]
+      if len(group) > 1 and not vectorize:
         for ln, acc in zip(group, accesses): out[ln] = self.emit_load(buf, acc, dtype, barrier)
         continue
       if len(group) == 1:
@@ -260,6 +267,7 @@ class Lowerer:
     if k.reduceop is not None:
       reduce_result, gate, idxs = self.lower_reduce(k.reduceop, idxs)
       self.values[k.reduceop] = reduce_result
+      self.stage_views = {}   # loads after the reduce read the buffers themselves
     return self.lower_stores(idxs, gate)
 
   def lower_stores(self, idxs, gate: UOp | None) -> UOp:
@@ -285,6 +293,9 @@ class Lowerer:
   def lower_one(self, node: UOp, idxs, zero_reduce: bool, barrier) -> list[UOp]:
     k = self.k
     if node.op is Ops.LOAD:
+      if node in self.stage_views:
+        buf, st, offset = self.stage_views[node]
+        return self.load(node, st, buf, idxs, zero_reduce, barrier, offset)
       st = k.sts[k.accesses.index(node)]
       return self.load(node, st, node.src[0], idxs, zero_reduce, barrier)
     if node.op is Ops.CONST:
@@ -372,11 +383,12 @@ class Lowerer:
       idxs[i] = parent
     self.reduce_loops = (parent,) if first_loop < k.first_upcast else ()
     out_key = {ln: self.lane_key(ln, True) for ln in self.lanes}
+    staged = self.stage_tiles(idxs) if k.staged else None
     if k.tensor_core is not None:
-      accs = self.lower_tensor_cores(red, idxs)
+      accs = self.lower_tensor_cores(red, idxs, staged)
       return [UOp(Ops.CAST, red.dtype, (accs[out_key[ln]],)) if red.dtype is not dtypes.float32
               else accs[out_key[ln]] for ln in self.lanes], None, idxs
-    values = self.lower_node(red.src[0], idxs, zero_reduce=False)
+    values = self.lower_node(red.src[0], idxs, zero_reduce=False, barrier=staged)
     accs = self.accumulate(arg.op, red.dtype, values, out_key, self.outer_blocks, self.reduce_loops)
     for n in list(self.values):  # values inside the reduce are not visible after it
       if n is not red: del self.values[n]
@@ -384,8 +396,73 @@ class Lowerer:
       return [accs[out_key[ln]] for ln in self.lanes], None, idxs
     return self.group_reduce(red, arg, accs, out_key, idxs)
 
-  def lower_tensor_cores(self, red: UOp, idxs) -> dict:
-    """One WMMA per combination of the non-TC upcast lanes; fragments are loaded per the m16n8k16 layout."""
+  def stage_tiles(self, idxs) -> UOp:
+    """Copy the tiles of the staged loads into shared memory (kernel.StagedLoad) and point those loads at them;
+    returns the barrier after the copy, which every read of a tile waits for. Inside reduce loops there are two
+    arrays per load, used by alternate iterations: a thread refills one only after the barrier that every thread
+    reaches after its reads of that array, so no second barrier is needed."""
+    k, fs = self.k, self.full_shape
+    loops = list(range(k.first_reduce, k.first_upcast))
+    step = UOp.const(dtypes.index, 0)
+    for ax in loops: step = step * fs[ax] + idxs[ax]
+    parity = simplify(step % 2) if loops else None
+    block = list(range(k.global_dims, k.first_reduce))
+    tid = UOp.const(dtypes.index, 0)
+    for ax in block: tid = tid * fs[ax] + idxs[ax]
+    threads = int(prod(fs[ax] for ax in block))
+    zero = UOp.const(dtypes.index, 0)
+    base = [zero if i is None or (k.global_dims <= ax < k.first_reduce) else i for ax, i in enumerate(idxs)]
+    stores: list[UOp] = []
+    for n, plan in enumerate(k.staged):
+      access, st = k.accesses[plan.access], k.sts[plan.access]
+      dtype = access.src[0].dtype.base
+      buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * (2 if loops else 1)))
+      offset = simplify(parity * plan.size) if parity is not None else None
+      stores += self.copy_tile(plan, st, access.src[0], buf, base, tid, threads, offset)
+      strides = [0] * k.shape_len
+      for ax, stride in zip(plan.axes, plan.strides): strides[ax] = stride
+      self.stage_views[access] = (buf, ShapeTracker((View.create(fs, tuple(strides)),)), offset)
+    return UOp(Ops.BARRIER, dtypes.void, tuple(stores))
+
+  def copy_tile(self, plan: StagedLoad, st, src: UOp, buf: UOp, base: list[UOp], tid: UOp, threads: int,
+                offset: UOp | None) -> list[UOp]:
+    """The block's copy of one tile: thread `tid` copies vectors tid, tid + threads, ... of the tile (in the
+    buffer's order, so neighbouring threads read neighbouring memory). Along the row (the axes contiguous in both
+    the buffer and the shared array) a vector is 16, 8 or 4 bytes where the row and its alignment allow: raw
+    element vectors, no conversion."""
+    fs, dtype = self.full_shape, src.dtype.base
+    lead, run = plan.axes[:len(plan.axes) - plan.row], plan.axes[len(plan.axes) - plan.row:]
+    row = int(prod(fs[ax] for ax in run))
+    zero = UOp.const(dtypes.index, 0)
+    widths = [w for w in (16 // dtype.itemsize, 8 // dtype.itemsize, 4 // dtype.itemsize) if w > 1]
+    for w in widths + [1]:
+      if row % w or plan.elements % (threads * w): continue
+      out = []
+      for e in range(plan.elements // (threads * w)):
+        q = tid + e * threads
+        along, rest = (q % (row // w)) * w, q // (row // w)   # position in the row, and which row
+        coords = []
+        for ax in reversed(lead):
+          coords.append(rest % fs[ax])
+          rest = rest // fs[ax]
+        idx = list(base)
+        for ax, c in zip(reversed(lead), coords): idx[ax] = c
+        for ax in run: idx[ax] = zero
+        start, valid = st.expr_idxs([simplify(x) for x in idx])
+        first = (simplify(start + along), valid)
+        if w > 1 and not (valid.op is Ops.CONST and self.can_vectorize([(first[0] + i, valid) for i in range(w)], w)):
+          break
+        smem = sum((c * plan.strides[plan.axes.index(ax)] for ax, c in zip(reversed(lead), coords)), along)
+        where = simplify(smem) if offset is None else simplify(smem) + offset
+        value = self.emit_load(src, first, dtype.vec(w) if w > 1 else dtype, None)
+        out.append(UOp(Ops.STORE, dtypes.void, (buf, where, value)))
+      else:
+        return out
+    raise AssertionError("copy_tile: no copy width fits (a width of 1 always does)")
+
+  def lower_tensor_cores(self, red: UOp, idxs, staged: UOp | None) -> dict:
+    """One WMMA per combination of the non-TC upcast lanes; fragments are loaded per the m16n8k16 layout (from the
+    shared tiles when the loads are staged)."""
     k, plan = self.k, self.k.tensor_core
     g, t = idxs[k.first_reduce - 2], idxs[k.first_reduce - 1]
     ax_g, ax_t = k.first_reduce - 2, k.first_reduce - 1
@@ -395,10 +472,13 @@ class Lowerer:
     st_a, st_b = k.sts[k.accesses.index(plan.a)], k.sts[k.accesses.index(plan.b)]
     zero = UOp.const(dtypes.index, 0)
 
-    def fragment(st, buf, lane, axis_values: dict) -> UOp:
+    def fragment(st, load_uop: UOp, lane, axis_values: dict) -> UOp:
       base = self.lane_indices(idxs, lane, zero_reduce=False)
       for ax, v in axis_values.items(): base[ax] = v
-      load = self.emit_load(buf, st.expr_idxs([simplify(x) for x in base]), buf.dtype.base, None)
+      buf, offset = load_uop.src[0], None
+      if load_uop in self.stage_views: buf, st, offset = self.stage_views[load_uop]
+      idx, valid = st.expr_idxs([simplify(x) for x in base])
+      load = self.emit_load(buf, (idx if offset is None else idx + offset, valid), buf.dtype.base, staged)
       return load if load.dtype is plan.dtype_in else UOp(Ops.CAST, plan.dtype_in, (load,))
     accs: dict[tuple, UOp] = {}
     for other in itertools.product(*[range(self.up_sizes[j]) for j in others]):
@@ -407,11 +487,11 @@ class Lowerer:
       a_vals, b_vals = [], []
       for i in range(A_REGS):
         m, kk = a_pos(g, t, i)
-        a_vals.append(fragment(st_a, plan.a.src[0], tuple(lane), {ax_g: m % 8, ax_mh: m // 8, ax_k: kk, ax_t: zero,
+        a_vals.append(fragment(st_a, plan.a, tuple(lane), {ax_g: m % 8, ax_mh: m // 8, ax_k: kk, ax_t: zero,
                                                                   ax_nl: zero}))
       for i in range(B_REGS):
         kk, n = b_pos(g, t, i)
-        b_vals.append(fragment(st_b, plan.b.src[0], tuple(lane), {ax_t: n // 2, ax_nl: n % 2, ax_k: kk, ax_g: zero,
+        b_vals.append(fragment(st_b, plan.b, tuple(lane), {ax_t: n // 2, ax_nl: n % 2, ax_k: kk, ax_g: zero,
                                                                   ax_mh: zero}))
       keys = []
       for i in range(C_REGS):

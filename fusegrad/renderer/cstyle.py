@@ -167,9 +167,9 @@ class CStyleRenderer(Renderer):
   def barrier(self) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
   def local_decl(self, u: UOp) -> str: raise NotImplementedError("DEFINE_LOCAL needs a device with shared memory")
 
-  def vector_load(self, dt: DType, ptr: str, idx: str) -> str: return f"(*(({dt.name}*)({ptr}+{idx})))"
+  def vector_load(self, dt: DType, ptr: str, idx: str) -> str: return f"(*(({self.type_name(dt)}*)({ptr}+{idx})))"
   def vector_store(self, dt: DType, ptr: str, idx: str, val: str) -> str:
-    return f"*(({dt.name}*)({ptr}+{idx})) = {val};"
+    return f"*(({self.type_name(dt)}*)({ptr}+{idx})) = {val};"
   def gep(self, vec: str, lane: int) -> str: return f"{vec}[{lane}]"
   def cast(self, u: UOp, val: str) -> str:
     if self.soft16(u.dtype): return f"fg_{self.soft16(u.dtype)}_round((float)({val}))"
@@ -285,7 +285,7 @@ class CStyleRenderer(Renderer):
   def render_load(self, u: UOp, r) -> str:
     src = [s for s in u.src if s.op is not Ops.BARRIER]
     buf, idx = r(src[0]), r(src[1])
-    soft = self.soft16(src[0].dtype.base) if src[0].op is Ops.DEFINE_GLOBAL else None
+    soft = self.soft16(src[0].dtype.base)
     if u.dtype.count > 1: value = self.vector_load(u.dtype, buf, idx)
     elif soft: value = f"fg_{soft}_load({buf}[{idx}])"
     else: value = f"{buf}[{idx}]"
@@ -295,7 +295,7 @@ class CStyleRenderer(Renderer):
   def render_store(self, u: UOp, r) -> str:
     buf, idx, val = u.src[0], r(u.src[1]), u.src[2]
     if val.dtype.count > 1: return self.vector_store(val.dtype, r(buf), idx, r(val))
-    soft = self.soft16(buf.dtype.base) if buf.op is Ops.DEFINE_GLOBAL else None
+    soft = self.soft16(buf.dtype.base)
     if soft: return f"{r(buf)}[{idx}] = fg_{soft}_store({r(val)});"
     return f"{r(buf)}[{idx}] = {r(val)};"
 
@@ -383,7 +383,12 @@ class CUDARenderer(CStyleRenderer):
   def barrier(self) -> str: return "__syncthreads();"
 
   def local_decl(self, u: UOp) -> str:
-    return f"__shared__ {self.type_name(u.dtype.base)} {u.arg.name}[{u.arg.size}];"
+    return f"__shared__ __align__(16) {self.storage_type(u.dtype.base)} {u.arg.name}[{u.arg.size}];"
+
+  def type_name(self, dt: DType) -> str:
+    # vectors of 16-bit floats only ever move raw bits (the copies into shared memory): unsigned words hold them
+    if dt.count > 1 and self.soft16(dt.scalar): return {2: "unsigned", 4: "uint2", 8: "uint4"}[dt.count]
+    return super().type_name(dt)
 
   def vector_literal(self, parts: list[str], dt: DType) -> str: return f"make_{dt.name}({', '.join(parts)})"
   def gep(self, vec: str, lane: int) -> str: return f"{vec}.{_CUDA_VECTOR_FIELDS[lane]}"
@@ -405,12 +410,13 @@ class CUDARenderer(CStyleRenderer):
 
   @staticmethod
   def raw_pair(lo: UOp, hi: UOp, r) -> str | None:
-    """The 32-bit register of two 16-bit values read by plain (ungated) loads of one global buffer, or None."""
-    def plain(x: UOp) -> bool:
-      return x.op is Ops.LOAD and len(x.src) == 2 and x.src[0].op is Ops.DEFINE_GLOBAL and \
-          x.src[0].dtype.base.itemsize == 2
-    if not (plain(lo) and plain(hi)): return None
-    (buf, i0), (buf1, i1) = lo.src, hi.src
+    """The 32-bit register of two 16-bit values read by plain (ungated) loads of one buffer, or None."""
+    def plain(x: UOp) -> tuple[UOp, ...] | None:
+      src = tuple(s for s in x.src if s.op is not Ops.BARRIER) if x.op is Ops.LOAD else ()
+      ok = len(src) == 2 and src[0].op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL) and src[0].dtype.base.itemsize == 2
+      return src if ok else None
+    if not ((lo_src := plain(lo)) and (hi_src := plain(hi))): return None
+    (buf, i0), (buf1, i1) = lo_src, hi_src
     step, parity = simplify(i1 - i0), simplify(i0 % 2)
     if buf is buf1 and step.op is Ops.CONST and step.arg == 1 and parity.op is Ops.CONST and parity.arg == 0:
       return f"(*((const unsigned*)({r(buf)}+{r(i0)})))"
