@@ -22,7 +22,7 @@ from fusegrad.symbolic import symbolic, simplify
 from fusegrad.shape.shapetracker import ShapeTracker
 from fusegrad.shape.view import View
 from fusegrad.codegen.kernel import Kernel, StagedLoad
-from fusegrad.codegen.tensor_cores import WMMAArg, a_pos, b_pos, A_REGS, B_REGS, C_REGS
+from fusegrad.codegen.tensor_cores import WMMAArg, MatrixLoad, a_pos, b_pos, ldmatrix_lane, A_REGS, B_REGS, C_REGS
 
 
 @dataclass
@@ -267,7 +267,11 @@ class Lowerer:
     if k.reduceop is not None:
       reduce_result, gate, idxs = self.lower_reduce(k.reduceop, idxs)
       self.values[k.reduceop] = reduce_result
+      ending = self.pipeline_barrier(reduce_result)
       self.stage_views = {}   # loads after the reduce read the buffers themselves
+      if ending is not None:
+        sink = self.lower_stores(idxs, gate)
+        return UOp(Ops.SINK, dtypes.void, (ending,) + sink.src)
     return self.lower_stores(idxs, gate)
 
   def lower_stores(self, idxs, gate: UOp | None) -> UOp:
@@ -398,31 +402,55 @@ class Lowerer:
 
   def stage_tiles(self, idxs) -> UOp:
     """Copy the tiles of the staged loads into shared memory (kernel.StagedLoad) and point those loads at them;
-    returns the barrier after the copy, which every read of a tile waits for. Inside reduce loops there are two
-    arrays per load, used by alternate iterations: a thread refills one only after the barrier that every thread
-    reaches after its reads of that array, so no second barrier is needed."""
+    returns the barrier that every read of a tile waits for.
+
+    Inside reduce loops the copy is pipelined over two arrays per load: the tile of the first iteration is copied
+    before the loops; iteration s starts the copy of tile s + 1 into the other array, computes from its own, and
+    ends at one barrier (`pipeline_barrier`, after the reads and the copy). A thread refills an array only after
+    the barrier that every thread reaches after reading it, so one barrier per iteration suffices; on CUDA the
+    copies are asynchronous (cp.async), so tile s + 1 arrives while tile s is computed."""
     k, fs = self.k, self.full_shape
     loops = list(range(k.first_reduce, k.first_upcast))
-    step = UOp.const(dtypes.index, 0)
-    for ax in loops: step = step * fs[ax] + idxs[ax]
-    parity = simplify(step % 2) if loops else None
     block = list(range(k.global_dims, k.first_reduce))
     tid = UOp.const(dtypes.index, 0)
     for ax in block: tid = tid * fs[ax] + idxs[ax]
     threads = int(prod(fs[ax] for ax in block))
     zero = UOp.const(dtypes.index, 0)
     base = [zero if i is None or (k.global_dims <= ax < k.first_reduce) else i for ax, i in enumerate(idxs)]
-    stores: list[UOp] = []
+    first, upcoming = list(base), list(base)
+    step = zero
+    for ax in loops: step = step * fs[ax] + idxs[ax]
+    total = int(prod(fs[ax] for ax in loops))
+    rest = (step + 1) % total if loops else zero   # the next iteration's tile (the last one copies the first again)
+    for ax in reversed(loops):
+      first[ax], upcoming[ax] = zero, rest % fs[ax]
+      rest = rest // fs[ax]
+    prologue: list[UOp] = []
+    self.pipeline: list[UOp] = []
     for n, plan in enumerate(k.staged):
       access, st = k.accesses[plan.access], k.sts[plan.access]
       dtype = access.src[0].dtype.base
       buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * (2 if loops else 1)))
-      offset = simplify(parity * plan.size) if parity is not None else None
-      stores += self.copy_tile(plan, st, access.src[0], buf, base, tid, threads, offset)
+      if loops:
+        prologue += self.copy_tile(plan, st, access.src[0], buf, first, tid, threads, None)
+        self.pipeline += self.copy_tile(plan, st, access.src[0], buf, upcoming, tid, threads,
+                                        simplify(((step + 1) % 2) * plan.size))
+        offset = simplify((step % 2) * plan.size)
+      else:
+        prologue += self.copy_tile(plan, st, access.src[0], buf, base, tid, threads, None)
+        offset = None
       strides = [0] * k.shape_len
       for ax, stride in zip(plan.axes, plan.strides): strides[ax] = stride
       self.stage_views[access] = (buf, ShapeTracker((View.create(fs, tuple(strides)),)), offset)
-    return UOp(Ops.BARRIER, dtypes.void, tuple(stores))
+    return UOp(Ops.BARRIER, dtypes.void, tuple(prologue))
+
+  def pipeline_barrier(self, results: list[UOp]) -> UOp | None:
+    """The barrier that ends an iteration of a pipelined staged reduce: after the copy of the next tiles and every
+    read of this iteration's (found under `results`). It leads the SINK, so the copies are emitted first."""
+    if not getattr(self, "pipeline", None): return None
+    bufs = {buf for buf, _, _ in self.stage_views.values()}
+    reads = [u for r in results for u in r.toposort() if u.op is Ops.LOAD and u.src[0] in bufs]
+    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)))
 
   def copy_tile(self, plan: StagedLoad, st, src: UOp, buf: UOp, base: list[UOp], tid: UOp, threads: int,
                 offset: UOp | None) -> list[UOp]:
@@ -480,16 +508,47 @@ class Lowerer:
       idx, valid = st.expr_idxs([simplify(x) for x in base])
       load = self.emit_load(buf, (idx if offset is None else idx + offset, valid), buf.dtype.base, staged)
       return load if load.dtype is plan.dtype_in else UOp(Ops.CAST, plan.dtype_in, (load,))
+    def registers(load_uop: UOp, lane, operand: str) -> list[UOp] | None:
+      """A's 4 or B's 2 fragment registers read with one ldmatrix from the shared tile, or None when the load is
+      not staged or the tile's layout does not give ldmatrix 16-byte rows of 8 elements along k (or, transposed,
+      along m or n)."""
+      if load_uop not in self.stage_views: return None
+      buf, sst, offset = self.stage_views[load_uop]
+      strides = sst.views[0].strides
+      q_run = {ax_g: 1} if operand == "a" else {ax_nl: 1, ax_t: 2}   # m (or n) contiguous: the transposed form
+      if buf.dtype.base.itemsize != 2: return None
+      if strides[ax_k] == 1: trans, run = False, {ax_k: 1}
+      elif all(strides[ax] == s for ax, s in q_run.items()): trans, run = True, q_run
+      else: return None
+      if any(s % 8 for ax, s in enumerate(strides) if ax not in run): return None   # 16-byte aligned rows
+      matrix, row = ldmatrix_lane(g, t)
+      count = 4 if operand == "a" else 2
+      if operand == "a":   # matrix j: m + 8 (j % 2), k + 8 (j // 2)
+        q_off, p_off = (matrix % 2) * 8, (matrix // 2) * 8
+      else:                # matrix j: k + 8 j (lanes 16-31 repeat 0-15's addresses; x2 reads only those)
+        q_off, p_off = zero, (matrix % 2) * 8
+      q, kk = (q_off, p_off + row) if trans else (q_off + row, p_off)
+      values = {ax_g: q % 8, ax_mh: q // 8, ax_t: zero, ax_nl: zero} if operand == "a" else \
+               {ax_t: q // 2, ax_nl: q % 2, ax_g: zero, ax_mh: zero}
+      base = self.lane_indices(idxs, lane, zero_reduce=False)
+      for ax, v in values.items(): base[ax] = v
+      base[ax_k] = kk
+      idx, _ = sst.expr_idxs([simplify(x) for x in base])
+      ld = UOp(Ops.LOAD, dtypes.uint32.vec(count), (buf, idx + offset if offset is not None else idx, staged),
+               MatrixLoad(count, trans))
+      return [UOp(Ops.GEP, dtypes.uint32, (ld,), i) for i in range(count)]
     accs: dict[tuple, UOp] = {}
     for other in itertools.product(*[range(self.up_sizes[j]) for j in others]):
       lane = [0] * len(self.up_axes)
       for j, v in zip(others, other): lane[j] = v
-      a_vals, b_vals = [], []
-      for i in range(A_REGS):
+      a_regs, b_regs = registers(plan.a, tuple(lane), "a"), registers(plan.b, tuple(lane), "b")
+      packed = a_regs is not None and b_regs is not None
+      a_vals, b_vals = (a_regs, b_regs) if packed else ([], [])
+      for i in range(0 if packed else A_REGS):
         m, kk = a_pos(g, t, i)
         a_vals.append(fragment(st_a, plan.a, tuple(lane), {ax_g: m % 8, ax_mh: m // 8, ax_k: kk, ax_t: zero,
                                                                   ax_nl: zero}))
-      for i in range(B_REGS):
+      for i in range(0 if packed else B_REGS):
         kk, n = b_pos(g, t, i)
         b_vals.append(fragment(st_b, plan.b, tuple(lane), {ax_t: n // 2, ax_nl: n % 2, ax_k: kk, ax_g: zero,
                                                                   ax_mh: zero}))
@@ -504,7 +563,7 @@ class Lowerer:
           self.acc_count += 1
         keys.append(key)
       wmma = UOp(Ops.WMMA, dtypes.float32.vec(4), tuple(a_vals + b_vals + [accs[key] for key in keys]),
-                 WMMAArg(plan.dtype_in, dtypes.float32))
+                 WMMAArg(plan.dtype_in, dtypes.float32, packed=packed))
       for i, key in enumerate(keys):
         accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
                         self.reduce_loops)
@@ -849,6 +908,8 @@ def estimate_ops(uops: list[UOp]) -> int:
       mult //= stack.pop()
     elif u.op in GroupOp.ALU and not dtypes.is_int(u.dtype) and u.dtype is not dtypes.bool:
       total += mult * u.dtype.count
+    elif u.op is Ops.WMMA:   # per thread: its share of the warp's multiply-adds
+      total += mult * 2 * prod(u.arg.dims) // 32
   threads = 1
   for u in uops:
     if u.op is Ops.SPECIAL: threads *= u.arg.size

@@ -22,10 +22,28 @@ def c_pos(g, t, i: int): return g + 8 * (i >> 1), 2 * t + (i & 1)               
 
 @dataclass(frozen=True)
 class WMMAArg:
-  """WMMA: one m16n8k16 multiply-accumulate; src = 8 A values, 4 B values, 4 accumulators; dtype float4."""
+  """WMMA: one m16n8k16 multiply-accumulate; src = 8 A values, 4 B values, 4 accumulators; dtype float4. When
+  `packed`, src = the 4 A and 2 B registers as the instruction takes them (two 16-bit values each, low half
+  first, as ldmatrix gives them), then the 4 accumulators."""
   dtype_in: DType
   dtype_out: DType
   dims: tuple[int, int, int] = (M, N, K)
+  packed: bool = False
+
+
+@dataclass(frozen=True)
+class MatrixLoad:
+  """The arg of a LOAD that is ldmatrix: `count` 8x8 matrices of 16-bit values from shared memory, loaded by the
+  whole warp; the LOAD's index is this lane's row address (lane l: row l % 8 of matrix l // 8); lane l receives,
+  per matrix, the register holding row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1 (of the transposed matrix when
+  `trans`). Its dtype is uint32 x count."""
+  count: int
+  trans: bool
+
+
+def ldmatrix_lane(g, t):
+  """(matrix, row) whose address lane (g, t) supplies to ldmatrix."""
+  return g // 2, (g % 2) * 4 + t
 
 
 TC_INPUT_DTYPES = (dtypes.float16, dtypes.bfloat16)

@@ -10,6 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
+from fusegrad.codegen.tensor_cores import MatrixLoad
 from fusegrad.uop import UOp, Ops, GroupOp
 from fusegrad.symbolic import simplify
 
@@ -164,7 +165,7 @@ class CStyleRenderer(Renderer):
 
   # ***** dialect hooks *****
   def special(self, u: UOp) -> str: raise NotImplementedError("SPECIAL needs a device with thread blocks")
-  def barrier(self) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
+  def barrier(self, u: UOp) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
   def local_decl(self, u: UOp) -> str: raise NotImplementedError("DEFINE_LOCAL needs a device with shared memory")
 
   def vector_load(self, dt: DType, ptr: str, idx: str) -> str: return f"(*(({self.type_name(dt)}*)({ptr}+{idx})))"
@@ -218,6 +219,7 @@ class CStyleRenderer(Renderer):
 
     def r(x: UOp) -> str: return names[x] if x in names else self.literal(x.arg, x.dtype)
     written = {u.src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL}
+    skipped = self.unrendered(uops)
 
     for u in uops:
       op = u.op
@@ -247,7 +249,7 @@ class CStyleRenderer(Renderer):
       elif op is Ops.END:
         depth -= 1
         lines.append("  " * depth + "}")
-      elif op is Ops.BARRIER: emit(self.barrier())
+      elif op is Ops.BARRIER: emit(self.barrier(u))
       elif op is Ops.DEFINE_ACC:
         names[u] = fresh("acc")
         emit(f"{self.type_name(u.dtype)} {names[u]} = {r(u.src[0])};")
@@ -256,6 +258,7 @@ class CStyleRenderer(Renderer):
         emit(f"{names[u]} = {r(u.src[1])};")
       elif op is Ops.STORE:
         emit(self.render_store(u, r))
+      elif u in skipped: continue
       elif op in VALUE_OPS:
         prefix, text = self.value(u, r)
         names[u] = fresh(prefix)
@@ -269,6 +272,10 @@ class CStyleRenderer(Renderer):
     return f"{self.prelude(uops)}\n{self.kernel_header(name, params, uops)}\n{body}\n{self.kernel_footer(uops)}\n"
 
   def kernel_footer(self, uops: list[UOp]) -> str: return "}"
+
+  def unrendered(self, uops: list[UOp]) -> set[UOp]:
+    """Values the dialect folds into their consumers (no statement of their own)."""
+    return set()
 
   def value(self, u: UOp, r) -> tuple[str, str]:
     """(name prefix, C expression) of a uop that defines one value."""
@@ -358,6 +365,13 @@ __device__ inline unsigned fg_pack_f16(float lo, float hi) { return (unsigned)fg
 __device__ inline unsigned fg_pack_bf16(float lo, float hi) { return (unsigned)fg_bf16_store(lo) |
   ((unsigned)fg_bf16_store(hi) << 16); }
 template <typename T, typename F> __device__ inline T fg_bitcast(F f) { union { F a; T b; } u; u.a = f; return u.b; }
+#define FG_LDMATRIX(name, type, n, outs, ...) __device__ inline type name(const unsigned short* p) { type r; \
+  asm volatile("ldmatrix.sync.aligned.m8n8." n ".shared.b16 " outs ";" : __VA_ARGS__ \
+               : "r"((unsigned)__cvta_generic_to_shared(p))); return r; }
+FG_LDMATRIX(fg_ldmatrix_x4, uint4, "x4", "{%0,%1,%2,%3}, [%4]", "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w))
+FG_LDMATRIX(fg_ldmatrix_x4_trans, uint4, "x4.trans", "{%0,%1,%2,%3}, [%4]", "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w))
+FG_LDMATRIX(fg_ldmatrix_x2, uint2, "x2", "{%0,%1}, [%2]", "=r"(r.x), "=r"(r.y))
+FG_LDMATRIX(fg_ldmatrix_x2_trans, uint2, "x2.trans", "{%0,%1}, [%2]", "=r"(r.x), "=r"(r.y))
 """
 
 _CUDA_VECTOR_FIELDS = "xyzw"
@@ -380,7 +394,39 @@ class CUDARenderer(CStyleRenderer):
   def special(self, u: UOp) -> str:
     return f"{'blockIdx' if u.arg.name.startswith('g') else 'threadIdx'}.{'xyz'[u.arg.dim]}"
 
-  def barrier(self) -> str: return "__syncthreads();"
+  def barrier(self, u: UOp) -> str:
+    # a barrier after asynchronous copies first waits for this thread's copies to land
+    if any(self.async_copy(s) for s in u.src): return 'asm volatile("cp.async.wait_all;" ::: "memory"); __syncthreads();'
+    return "__syncthreads();"
+
+  def async_copy(self, u: UOp) -> bool:
+    """A STORE into shared memory of a plain 4-, 8- or 16-byte load of a global buffer (the copies of STAGE), done
+    with cp.async (sm_80 and later): the data skips the registers, and the copy runs on while the thread computes,
+    until the next barrier waits for it."""
+    if self.arch < "sm_80" or u.op is not Ops.STORE or len(u.src) != 3 or u.src[0].op is not Ops.DEFINE_LOCAL:
+      return False
+    v = u.src[2]
+    return v.op is Ops.LOAD and v.src[0].op is Ops.DEFINE_GLOBAL and v.dtype.itemsize in (4, 8, 16) and \
+        len([s for s in v.src if s.op is not Ops.BARRIER]) == 2
+
+  def render_load(self, u: UOp, r) -> str:
+    if isinstance(u.arg, MatrixLoad):
+      return f"fg_ldmatrix_x{u.arg.count}{'_trans' if u.arg.trans else ''}({r(u.src[0])}+{r(u.src[1])})"
+    return super().render_load(u, r)
+
+  def unrendered(self, uops: list[UOp]) -> set[UOp]:
+    """Global loads whose only consumers are asynchronous copies (the copy reads the memory itself)."""
+    copied = {u.src[2] for u in uops if self.async_copy(u)}
+    if not copied: return set()
+    used = {s for u in uops if not self.async_copy(u) for s in u.src}
+    return copied - used
+
+  def render_store(self, u: UOp, r) -> str:
+    if not self.async_copy(u): return super().render_store(u, r)
+    load, size = u.src[2], u.src[2].dtype.itemsize
+    return (f'asm volatile("cp.async.{"cg" if size == 16 else "ca"}.shared.global [%0], [%1], {size};" :: '
+            f'"r"((unsigned)__cvta_generic_to_shared({r(u.src[0])}+{r(u.src[1])})), '
+            f'"l"({r(load.src[0])}+{r(load.src[1])}) : "memory");')
 
   def local_decl(self, u: UOp) -> str:
     return f"__shared__ __align__(16) {self.storage_type(u.dtype.base)} {u.arg.name}[{u.arg.size}];"
@@ -401,10 +447,10 @@ class CUDARenderer(CStyleRenderer):
     kind = "f16" if u.arg.dtype_in is dtypes.float16 else "bf16"
     def pack(i: int) -> str: return self.raw_pair(u.src[i], u.src[i + 1], r) or \
         f"fg_pack_{kind}({args[i]}, {args[i + 1]})"
-    a = [pack(2 * j) for j in range(4)]
-    b = [pack(8 + 2 * j) for j in range(2)]
+    if u.arg.packed: a, b, c = args[0:4], args[4:6], args[6:10]   # registers straight from ldmatrix
+    else: a, b, c = [pack(2 * j) for j in range(4)], [pack(8 + 2 * j) for j in range(2)], args[12:16]
     outs = ", ".join(f'"=f"({name}.{f})' for f in "xyzw")
-    ins = ", ".join([f'"r"({x})' for x in a + b] + [f'"f"({c})' for c in args[12:16]])
+    ins = ", ".join([f'"r"({x})' for x in a + b] + [f'"f"({x})' for x in c])
     return (f'float4 {name}; asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 '
             f'{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%10,%11,%12,%13}};" : {outs} : {ins});')
 

@@ -13,7 +13,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop import UOp, Ops, GroupOp
 from fusegrad.device import Allocator, Compiler, Compiled
 from fusegrad.renderer.cstyle import Renderer
-from fusegrad.codegen.tensor_cores import a_pos, b_pos, c_pos, M, N, K
+from fusegrad.codegen.tensor_cores import MatrixLoad, a_pos, b_pos, c_pos, M, N, K
 
 
 class PythonRenderer(Renderer):
@@ -194,6 +194,7 @@ class _Interpreter:
 
   def load(self, prog, pc, v, mask) -> np.ndarray:
     op, dt, src, arg = prog[pc]
+    if isinstance(arg, MatrixLoad): return self.ldmatrix(prog, pc, v)
     src = [s for s in src if prog[s][0] is not Ops.BARRIER]
     (kind, handle, base), idx = self._address(prog, v, src)
     valid = mask & (np.broadcast_to(v[src[2]], (self.n,)) if len(src) == 4 else True)
@@ -231,6 +232,26 @@ class _Interpreter:
     if kind == "global": mem[lanes[active]] = vals[active].astype(mem.dtype, copy=False)
     else: mem[self.block[active, None], lanes[active]] = vals[active]
 
+  def ldmatrix(self, prog, pc, v) -> np.ndarray:
+    """ldmatrix across each warp: lane l's register j holds row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
+    matrix j (transposed: rows 2 (l % 4) and 2 (l % 4) + 1, column l // 4), whose rows start at the addresses that
+    lanes 8 j .. 8 j + 7 supply; two 16-bit values per register, low half first."""
+    _, dt, src, arg = prog[pc]
+    (_, mem, base), idx = self._address(prog, v, [s for s in src if prog[s][0] is not Ops.BARRIER])
+    flat = self.block * self.n_local + self.local
+    lane = flat % 32
+    bits = mem.view(np.uint16) if base is dtypes.float16 else (mem.view(np.uint32) >> 16).astype(np.uint16)
+    out = np.zeros((self.n, arg.count), dtype=np.uint32)
+    for j in range(arg.count):
+      for half in range(2):
+        if arg.trans: provider, col = 8 * j + 2 * (lane % 4) + half, lane // 4
+        else: provider, col = 8 * j + lane // 4, 2 * (lane % 4) + half
+        addr = idx[flat - lane + provider] + col
+        if ((addr < 0) | (addr >= mem.shape[-1])).any():
+          raise IndexError(f"PYTHON backend: ldmatrix out of bounds in a local buffer of {mem.shape[-1]}")
+        out[:, j] |= bits[self.block, addr].astype(np.uint32) << (16 * half)
+    return out
+
   def wmma(self, arg, vals: list) -> np.ndarray:
     """Emulate mma.sync m16n8k16 across each warp: gather fragments into matrices, multiply, scatter D back."""
     lane = self.local % 32
@@ -241,6 +262,13 @@ class _Interpreter:
     a = np.zeros((n_warps, M, K), np.float32)
     b = np.zeros((n_warps, K, N), np.float32)
     c = np.zeros((n_warps, M, N), np.float32)
+    if arg.packed:   # 4 A and 2 B registers of two 16-bit values each: unpack them into the 8 + 4 values
+      def unpack(reg) -> list:
+        reg = np.broadcast_to(np.asarray(reg, dtype=np.uint32), (self.n,))
+        halves = [(reg >> (16 * h)) & 0xFFFF for h in range(2)]
+        if arg.dtype_in is dtypes.float16: return [x.astype(np.uint16).view(np.float16).astype(np.float32) for x in halves]
+        return [(x.astype(np.uint32) << 16).view(np.float32) for x in halves]
+      vals = [x for reg in vals[0:6] for x in unpack(reg)] + list(vals[6:10])
     for i in range(8): a[(warp,) + a_pos(g, t, i)] = rnd(np.broadcast_to(vals[i], (self.n,)).astype(np.float32))
     for i in range(4): b[(warp,) + b_pos(g, t, i)] = rnd(np.broadcast_to(vals[8 + i], (self.n,)).astype(np.float32))
     for i in range(4): c[(warp,) + c_pos(g, t, i)] = np.broadcast_to(vals[12 + i], (self.n,))
