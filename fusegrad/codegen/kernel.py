@@ -80,7 +80,8 @@ class Kernel:
     self.applied_opts: list[Opt] = []
     self.tensor_core: TCPlan | None = None
     self.threads = 1   # CPU: axis 0 is split across this many cores (THREAD)
-    self.staged: list[StagedLoad] = []   # loads read through shared memory (STAGE)
+    self.staged: list[StagedLoad] = []   # loads read through shared memory (STAGE), in a ring of `stages` tiles
+    self.stages = 0
     # reduce axes last, then drop size-1 axes and merge what can be merged
     reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
@@ -282,7 +283,7 @@ class Kernel:
 
   def _apply_opt(self, opt: Opt) -> None:
     if opt.op is OptOps.TC: return self.apply_tensor_cores()
-    if opt.op is OptOps.STAGE: return self.apply_stage()
+    if opt.op is OptOps.STAGE: return self.apply_stage(opt)
     _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL),
            f"{opt}: after TC only UPCAST, UNROLL and LOCAL may follow (the warp layout is fixed)")
     if opt.op is OptOps.THREAD: return self.apply_threads(opt)
@@ -365,10 +366,11 @@ class Kernel:
     self.simplify_ones()
     self.tensor_core = TCPlan(a, b, dtype_in)
 
-  def apply_stage(self) -> None:
+  def apply_stage(self, opt: Opt) -> None:
     """Read the reduce's loads that several threads of a block share (matmul: a row of A for every thread of a
-    column of the block) from shared memory, filled by the whole block once per iteration of the reduce loops
-    (two tiles per load, alternating, so one barrier per iteration suffices). The last opt of a kernel."""
+    column of the block) from shared memory, filled by the whole block once per iteration of the reduce loops.
+    `amount` tiles per load (default 2) form a ring: the copies run that many iterations minus one ahead of the
+    compute. The last opt of a kernel."""
     _check(self.opts.has_shared and self.opts.has_local and not self.dont_use_locals and self.local_dims > 0,
            "STAGE: needs thread blocks with shared memory (and a LOCAL axis)")
     _check(self.reduceop is not None and not self.multireduce and self.group_for_reduces == 0,
@@ -376,7 +378,10 @@ class Kernel:
     fs = self.full_shape
     _check(all(isinstance(s, int) for s in fs[self.global_dims:]), f"STAGE: the block's shape {fs} is symbolic")
     block, lanes = list(range(self.global_dims, self.first_reduce)), self.upcasted_axes()
-    threads, double = self.thread_count(), self.first_upcast > self.first_reduce
+    looped = self.first_upcast > self.first_reduce
+    stages = (opt.amount or 2) if looped else 1
+    _check(1 <= stages <= 8, f"{opt}: 2 to 8 tiles per load")
+    threads = self.thread_count()
     staged, total = [], 0
     for i in self.phases[self.reduceop][0]:
       if self.accesses[i].op is not Ops.LOAD: continue
@@ -402,11 +407,11 @@ class Kernel:
              f"STAGE: a tile of {elements} elements does not split evenly over {threads} threads")
       staged.append(StagedLoad(i, tuple(axes), tuple(smem[ax] for ax in axes), len(axes) if row is None else row,
                                elements, size))
-      total += size * item * (2 if double else 1)
+      total += size * item * stages
     _check(bool(staged), "STAGE: no load of the reduce is shared by the threads of a block")
     _check(total <= self.opts.shared_max, f"STAGE: tiles need {total} bytes of shared memory, more than "
                                           f"{self.opts.shared_max}")
-    self.staged = staged
+    self.staged, self.stages = staged, stages
 
   def _tc_axes(self, a: UOp, b: UOp):
     sa, sb = self.sts[self.accesses.index(a)].real_strides(), self.sts[self.accesses.index(b)].real_strides()

@@ -404,11 +404,12 @@ class Lowerer:
     """Copy the tiles of the staged loads into shared memory (kernel.StagedLoad) and point those loads at them;
     returns the barrier that every read of a tile waits for.
 
-    Inside reduce loops the copy is pipelined over two arrays per load: the tile of the first iteration is copied
-    before the loops; iteration s starts the copy of tile s + 1 into the other array, computes from its own, and
-    ends at one barrier (`pipeline_barrier`, after the reads and the copy). A thread refills an array only after
-    the barrier that every thread reaches after reading it, so one barrier per iteration suffices; on CUDA the
-    copies are asynchronous (cp.async), so tile s + 1 arrives while tile s is computed."""
+    Inside reduce loops each load has a ring of S tiles (kernel.stages): the tiles of the first S - 1 iterations
+    are copied before the loops; iteration s starts the copy of tile s + S - 1 into the slot that iteration s - 1
+    read, computes from slot s % S, and ends at one barrier (`pipeline_barrier`, after the reads and the copy). A
+    thread refills a slot only after the barrier that every thread reaches after reading it, so one barrier per
+    iteration suffices. On CUDA the copies are asynchronous (cp.async) and the barrier waits only for tile s + 1:
+    S - 1 tiles are in flight while one is computed."""
     k, fs = self.k, self.full_shape
     loops = list(range(k.first_reduce, k.first_upcast))
     block = list(range(k.global_dims, k.first_reduce))
@@ -417,25 +418,29 @@ class Lowerer:
     threads = int(prod(fs[ax] for ax in block))
     zero = UOp.const(dtypes.index, 0)
     base = [zero if i is None or (k.global_dims <= ax < k.first_reduce) else i for ax, i in enumerate(idxs)]
-    first, upcoming = list(base), list(base)
     step = zero
     for ax in loops: step = step * fs[ax] + idxs[ax]
-    total = int(prod(fs[ax] for ax in loops))
-    rest = (step + 1) % total if loops else zero   # the next iteration's tile (the last one copies the first again)
-    for ax in reversed(loops):
-      first[ax], upcoming[ax] = zero, rest % fs[ax]
-      rest = rest // fs[ax]
+    total, stages = int(prod(fs[ax] for ax in loops)), k.stages
+    def at(flat: UOp) -> list[UOp]:   # the indices of the tile of iteration `flat` (past the end: wraps around)
+      out, rest = list(base), flat % total
+      for ax in reversed(loops):
+        out[ax] = simplify(rest % fs[ax])
+        rest = rest // fs[ax]
+      return out
     prologue: list[UOp] = []
     self.pipeline: list[UOp] = []
     for n, plan in enumerate(k.staged):
       access, st = k.accesses[plan.access], k.sts[plan.access]
       dtype = access.src[0].dtype.base
-      buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * (2 if loops else 1)))
+      buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * stages))
       if loops:
-        prologue += self.copy_tile(plan, st, access.src[0], buf, first, tid, threads, None)
-        self.pipeline += self.copy_tile(plan, st, access.src[0], buf, upcoming, tid, threads,
-                                        simplify(((step + 1) % 2) * plan.size))
-        offset = simplify((step % 2) * plan.size)
+        for j in range(stages - 1):
+          prologue += self.copy_tile(plan, st, access.src[0], buf, at(UOp.const(dtypes.index, j)), tid, threads,
+                                     UOp.const(dtypes.index, j * plan.size) if j else None)
+        ahead = step + (stages - 1)
+        self.pipeline += self.copy_tile(plan, st, access.src[0], buf, at(ahead), tid, threads,
+                                        simplify((ahead % stages) * plan.size))
+        offset = simplify((step % stages) * plan.size)
       else:
         prologue += self.copy_tile(plan, st, access.src[0], buf, base, tid, threads, None)
         offset = None
@@ -445,12 +450,15 @@ class Lowerer:
     return UOp(Ops.BARRIER, dtypes.void, tuple(prologue))
 
   def pipeline_barrier(self, results: list[UOp]) -> UOp | None:
-    """The barrier that ends an iteration of a pipelined staged reduce: after the copy of the next tiles and every
-    read of this iteration's (found under `results`). It leads the SINK, so the copies are emitted first."""
+    """The barrier that ends an iteration of a pipelined staged reduce: after the copy of the next tiles, every read
+    of this iteration's and the accumulator updates (found under `results`). It leads the SINK, so the copies are
+    emitted first."""
     if not getattr(self, "pipeline", None): return None
     bufs = {buf for buf, _, _ in self.stage_views.values()}
-    reads = [u for r in results for u in r.toposort() if u.op is Ops.LOAD and u.src[0] in bufs]
-    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)))
+    # after the reads and the math on them (the accumulator updates): the wait for the next tile comes last
+    reads = [u for r in results for u in r.toposort() if (u.op is Ops.LOAD and u.src[0] in bufs) or u.op is Ops.PHI]
+    # arg: how many iterations' copies may still be in flight after it (the tile read next must have landed)
+    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), self.k.stages - 2)
 
   def copy_tile(self, plan: StagedLoad, st, src: UOp, buf: UOp, base: list[UOp], tid: UOp, threads: int,
                 offset: UOp | None) -> list[UOp]:

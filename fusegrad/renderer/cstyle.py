@@ -166,7 +166,8 @@ class CStyleRenderer(Renderer):
   # ***** dialect hooks *****
   def special(self, u: UOp) -> str: raise NotImplementedError("SPECIAL needs a device with thread blocks")
   def barrier(self, u: UOp) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
-  def local_decl(self, u: UOp) -> str: raise NotImplementedError("DEFINE_LOCAL needs a device with shared memory")
+  def local_decl(self, u: UOp, uops: list[UOp]) -> str:
+    raise NotImplementedError("DEFINE_LOCAL needs a device with shared memory")
 
   def vector_load(self, dt: DType, ptr: str, idx: str) -> str: return f"(*(({self.type_name(dt)}*)({ptr}+{idx})))"
   def vector_store(self, dt: DType, ptr: str, idx: str, val: str) -> str:
@@ -233,7 +234,7 @@ class CStyleRenderer(Renderer):
         params.append(f"const int {u.arg.name}")
       elif op is Ops.DEFINE_LOCAL:
         names[u] = u.arg.name
-        emit(self.local_decl(u))
+        emit(self.local_decl(u, uops))
         
       elif op is Ops.CONST: continue
       elif op is Ops.SPECIAL:
@@ -377,6 +378,11 @@ FG_LDMATRIX(fg_ldmatrix_x2_trans, uint2, "x2.trans", "{%0,%1}, [%2]", "=r"(r.x),
 _CUDA_VECTOR_FIELDS = "xyzw"
 
 
+def shared_per_block(arch: str) -> int:
+  """Shared memory one block may use (with the dynamic opt-in above 48 KB), per compute capability."""
+  return {"sm_80": 163, "sm_87": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227}.get(arch, 48) * 1024
+
+
 class CUDARenderer(CStyleRenderer):
   """CUDA C++ for NVRTC: SPECIAL as blockIdx/threadIdx, __shared__ arrays, __syncthreads, float4 structs,
   float16 and bfloat16 in float registers with 16-bit storage (so fp32 accumulation is the default)."""
@@ -386,17 +392,23 @@ class CUDARenderer(CStyleRenderer):
   def __init__(self, arch: str = "sm_90"):
     super().__init__(device="CUDA", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
-                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024, arch=arch,
+                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=shared_per_block(arch), arch=arch,
                      tensor_cores=("m16n8k16",) if arch >= "sm_80" else ())
 
-  def prelude(self, uops: list[UOp]) -> str: return CUDA_PRELUDE
+  def prelude(self, uops: list[UOp]) -> str:
+    total = self.shared_bytes(uops)[-1][1]
+    if total <= self.STATIC_SHARED: return CUDA_PRELUDE
+    return CUDA_PRELUDE + f'extern "C" __device__ const unsigned int fg_dynamic_shared = {total};\n'
 
   def special(self, u: UOp) -> str:
     return f"{'blockIdx' if u.arg.name.startswith('g') else 'threadIdx'}.{'xyz'[u.arg.dim]}"
 
   def barrier(self, u: UOp) -> str:
-    # a barrier after asynchronous copies first waits for this thread's copies to land
-    if any(self.async_copy(s) for s in u.src): return 'asm volatile("cp.async.wait_all;" ::: "memory"); __syncthreads();'
+    # a barrier after asynchronous copies first waits for this thread's copies to land (all but the `arg` newest
+    # groups: one group per iteration of a pipelined STAGE loop)
+    if any(self.async_copy(s) for s in u.src):
+      wait = f"cp.async.commit_group; cp.async.wait_group {u.arg};" if u.arg else "cp.async.wait_all;"
+      return f'asm volatile("{wait}" ::: "memory"); __syncthreads();'
     return "__syncthreads();"
 
   def async_copy(self, u: UOp) -> bool:
@@ -428,8 +440,26 @@ class CUDARenderer(CStyleRenderer):
             f'"r"((unsigned)__cvta_generic_to_shared({r(u.src[0])}+{r(u.src[1])})), '
             f'"l"({r(load.src[0])}+{r(load.src[1])}) : "memory");')
 
-  def local_decl(self, u: UOp) -> str:
-    return f"__shared__ __align__(16) {self.storage_type(u.dtype.base)} {u.arg.name}[{u.arg.size}];"
+  STATIC_SHARED = 48 * 1024   # more than this per block only as dynamic shared memory (opted in per kernel)
+
+  @staticmethod
+  def shared_bytes(uops: list[UOp]) -> list[tuple[UOp, int]]:
+    """Each shared array with its byte offset in one block-wide layout (16-byte aligned), and the total last."""
+    out, total = [], 0
+    for u in uops:
+      if u.op is Ops.DEFINE_LOCAL:
+        out.append((u, total))
+        total += -(-u.arg.size * u.dtype.base.itemsize // 16) * 16
+    return out + [(None, total)]  # type: ignore[list-item]
+
+  def local_decl(self, u: UOp, uops: list[UOp]) -> str:
+    layout = self.shared_bytes(uops)
+    storage = self.storage_type(u.dtype.base)
+    if layout[-1][1] <= self.STATIC_SHARED: return f"__shared__ __align__(16) {storage} {u.arg.name}[{u.arg.size}];"
+    # dynamic: the arrays are slices of one extern buffer, sized at launch (runtime/cuda.py reads fg_dynamic_shared)
+    offset = next(off for v, off in layout if v is u)
+    head = "extern __shared__ __align__(16) unsigned char fg_smem[];\n  " if layout[0][0] is u else ""
+    return f"{head}{storage}* {u.arg.name} = ({storage}*)(fg_smem + {offset});"
 
   def type_name(self, dt: DType) -> str:
     # vectors of 16-bit floats only ever move raw bits (the copies into shared memory): unsigned words hold them

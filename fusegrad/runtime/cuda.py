@@ -159,6 +159,19 @@ class CUDAProgram:
     self.name = name
     self.module = check(driver.cuModuleLoadData(lib), f"cuModuleLoadData({name})")
     self.fn = check(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
+    self.shared = self._dynamic_shared()
+
+  def _dynamic_shared(self) -> int:
+    """Bytes of dynamic shared memory the kernel needs: the renderer leaves the number in `fg_dynamic_shared` when
+    the block's arrays exceed the 48 KB of static shared memory; the kernel is then opted in to that much."""
+    err, ptr, size = driver.cuModuleGetGlobal(self.module, b"fg_dynamic_shared")
+    if int(err) != 0: return 0
+    value = ctypes.c_uint32()
+    check(driver.cuMemcpyDtoH(ctypes.addressof(value), ptr, 4), "cuMemcpyDtoH(fg_dynamic_shared)")
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(driver.cuFuncSetAttribute(self.fn, attr, value.value),
+          f"{self.name}: {value.value} bytes of shared memory per block (more than this GPU allows?)")
+    return value.value
 
   def __call__(self, bufs: list, vals: tuple[int, ...] = (), global_size=(1, 1, 1), local_size=(1, 1, 1), wait=False):
     args = kernel_args(bufs, vals)
@@ -169,7 +182,7 @@ class CUDAProgram:
       start, end = check(driver.cuEventCreate(0), "cuEventCreate"), check(driver.cuEventCreate(0), "cuEventCreate")
       check(driver.cuEventRecord(start, STREAM), "cuEventRecord")
     try:
-      check(driver.cuLaunchKernel(self.fn, gx, gy, gz, lx, ly, lz, 0, STREAM, ctypes.addressof(params), 0),
+      check(driver.cuLaunchKernel(self.fn, gx, gy, gz, lx, ly, lz, self.shared, STREAM, ctypes.addressof(params), 0),
             f"launch of {self.name} grid={tuple(global_size)} block={tuple(local_size)}")
     except RuntimeError as e:
       raise RuntimeError(f"{e} (kernel {self.name})") from e
@@ -222,7 +235,7 @@ class CUDAGraph:
     params.func = launch.program.fn
     params.gridDimX, params.gridDimY, params.gridDimZ = (int(d) for d in launch.global_size)
     params.blockDimX, params.blockDimY, params.blockDimZ = (int(d) for d in launch.local_size)
-    params.sharedMemBytes = 0
+    params.sharedMemBytes = launch.program.shared
     params.kernelParams = ctypes.addressof(arr)
     return params
 

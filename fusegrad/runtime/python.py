@@ -21,7 +21,7 @@ class PythonRenderer(Renderer):
   def __init__(self):
     super().__init__(device="PYTHON", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32, dtypes.int32}), global_max=(2**31 - 1, 65535, 65535),
-                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=48 * 1024,
+                     local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=227 * 1024,
                      tensor_cores=("m16n8k16",))
 
   def render(self, name: str, uops: list[UOp]) -> str:
