@@ -36,8 +36,17 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
   if k.reduceop is not None and k.group_for_reduces == 0: _unroll_reduce(k)
   _upcast_output(k)
   if k.opts.has_local and not k.dont_use_locals: _add_locals(k)
+  if _stages_matmul(k): _try(k, Opt(OptOps.STAGE, 0, 4))
   if k.opts.max_threads > 1: _use_cores(k)
   return k
+
+
+def _stages_matmul(k: Kernel) -> bool:
+  """A matmul with a register tile on a device with shared memory: its inputs go through shared memory (STAGE).
+  fp32 4096^3 on the H200: 4.65 -> 3.7-3.9 ms with K unrolled by 4 and a ring of 4 tiles (bench/NOTES.md run 11).
+  Convs (several reduce loops, gathered images) are left as they are."""
+  return k.opts.has_shared and k.opts.has_local and k.reduceop is not None and k.group_for_reduces == 0 and \
+      k.first_upcast - k.first_reduce == 1 and k.upcast_size() >= 64 and not k.multireduce
 
 
 def _multireduce(k: Kernel) -> None:
@@ -97,19 +106,35 @@ def _use_cores(k: Kernel) -> None:
 
 
 def _tile_tensor_cores(k: Kernel) -> None:
-  """Several m16n8k16 tiles per warp (register tiling): each loaded fragment feeds more than one WMMA. The N axis
-  takes 8 tiles and M 4 where they divide (the best of the tilings timed on the H200, bench/NOTES.md run 8)."""
-  n_axis, m_axis = k.first_reduce - k.local_dims - 1, k.first_reduce - k.local_dims - 2
-  if m_axis >= 0 and all(isinstance(k.full_shape[a], int) for a in (n_axis, m_axis)) and \
-     k.full_shape[n_axis] % 8 == 0 and k.full_shape[m_axis] % 2 == 0 and _try(k, Opt(OptOps.UPCAST, n_axis, 8)):
-    if not (k.full_shape[m_axis] % 4 == 0 and _try(k, Opt(OptOps.UPCAST, m_axis, 4))):
-      _try(k, Opt(OptOps.UPCAST, m_axis, 2))
+  """Several m16n8k16 tiles per warp (register tiling: each loaded fragment feeds more than one WMMA), and on
+  devices with shared memory several warps per block sharing staged tiles. Timed on the H200 (bench/NOTES.md run
+  11, fp16 8192^3): 4 N x 4 M tiles per warp, 2 x 4 warps (a 128 x 128 block), K unrolled by 4 (a 64-deep tile)
+  and STAGE 3.4-3.5 ms; 8 N x 4 M tiles per warp in one-warp blocks without staging (the old default) 10.8 ms.
+  Each step falls back to smaller amounts where the matrix is too small."""
+  def axes() -> tuple[int | None, int | None]:   # the global M and N axes (A moves along M, B along N)
+    plan = k.tensor_core
+    sa, sb = (k.sts[k.accesses.index(x)].real_strides() for x in (plan.a, plan.b))
+    ms = [i for i in range(k.global_dims) if sa[i] != 0 and sb[i] == 0]
+    ns = [i for i in range(k.global_dims) if sb[i] != 0 and sa[i] == 0]
+    return (ms[-1] if ms else None), (ns[-1] if ns else None)
+  def split(op: OptOps, which: int, amounts: tuple[int, ...]) -> None:
+    axis = axes()[which]
+    if axis is None or not isinstance(k.full_shape[axis], int): return
+    for amount in amounts:
+      if k.full_shape[axis] % amount == 0 and _try(k, Opt(op, axis, amount)): return
+  if not k.opts.has_shared:
+    split(OptOps.UPCAST, 1, (8, 4, 2))
+    split(OptOps.UPCAST, 0, (4, 2))
     return
-  for _ in range(3):
-    for axis in range(k.first_reduce - k.local_dims - 1, -1, -1):
-      size = k.full_shape[axis]
-      if isinstance(size, int) and size % 2 == 0 and size > 1 and k.upcast_size() <= 256 and \
-         _try(k, Opt(OptOps.UPCAST, axis, 2)): break
+  split(OptOps.UPCAST, 1, (4, 2))
+  split(OptOps.UPCAST, 0, (4, 2))
+  split(OptOps.LOCAL, 0, (2,))
+  split(OptOps.LOCAL, 1, (4, 2))
+  loop = k.first_upcast - 1 - k.first_reduce   # what is left of K after the TC's 16
+  if loop >= 0 and isinstance(k.full_shape[k.first_upcast - 1], int):
+    for amount in (4, 2):
+      if k.full_shape[k.first_upcast - 1] % amount == 0 and _try(k, Opt(OptOps.UNROLL, loop, amount)): break
+  _try(k, Opt(OptOps.STAGE, 0, 2))
 
 
 def _group_reduce(k: Kernel) -> None:
@@ -224,8 +249,10 @@ def _unroll_reduce(k: Kernel) -> None:
   elif size <= 8 and k.upcast_size() * size <= (192 if k.opts.has_local or k.opts.vector_alu else 64):
     _try(k, Opt(OptOps.UNROLL, axis, size))
   elif size % 4 == 0 and k.upcast_size() <= (64 if k.opts.has_local else 16):
-    # an 8x8 FMA tile on a GPU keeps 64 accumulators: unrolling by 2 left more registers (4.6 vs 5.7 ms, NOTES run 10)
-    _try(k, Opt(OptOps.UNROLL, axis, 2 if k.opts.has_local and k.upcast_size() >= 64 else 4))
+    # an 8x8 FMA tile on a GPU keeps 64 accumulators: unrolling by 2 left more registers (4.6 vs 5.7 ms, NOTES run
+    # 10), unless the tiles are staged through shared memory (then 4: a tile of 4 k per barrier, NOTES run 11)
+    staged = k.opts.has_shared and k.first_upcast - k.first_reduce == 1
+    _try(k, Opt(OptOps.UNROLL, axis, 2 if k.opts.has_local and k.upcast_size() >= 64 and not staged else 4))
 
 
 def _upcast_output(k: Kernel) -> None:

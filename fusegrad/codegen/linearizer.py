@@ -450,13 +450,13 @@ class Lowerer:
     return UOp(Ops.BARRIER, dtypes.void, tuple(prologue))
 
   def pipeline_barrier(self, results: list[UOp]) -> UOp | None:
-    """The barrier that ends an iteration of a pipelined staged reduce: after the copy of the next tiles, every read
-    of this iteration's and the accumulator updates (found under `results`). It leads the SINK, so the copies are
-    emitted first."""
+    """The barrier that ends an iteration of a pipelined staged reduce: after the copy of the next tiles and every
+    read of this iteration's (found under `results`). It leads the SINK, so the copies are emitted first."""
     if not getattr(self, "pipeline", None): return None
     bufs = {buf for buf, _, _ in self.stage_views.values()}
-    # after the reads and the math on them (the accumulator updates): the wait for the next tile comes last
-    reads = [u for r in results for u in r.toposort() if (u.op is Ops.LOAD and u.src[0] in bufs) or u.op is Ops.PHI]
+    # after the reads; the math on them may follow it (timed on the H200: a barrier after the accumulator updates
+    # too was 5 % slower, bench/NOTES.md run 11)
+    reads = [u for r in results for u in r.toposort() if u.op is Ops.LOAD and u.src[0] in bufs]
     # arg: how many iterations' copies may still be in flight after it (the tile read next must have landed)
     return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), self.k.stages - 2)
 

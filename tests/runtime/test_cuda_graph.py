@@ -23,8 +23,8 @@ gpu = pytest.mark.skipif(not cuda_rt.gpu_available(), reason="no CUDA GPU here")
 
 
 class FakeProgram:
-  def __init__(self, fn: int, name: str, n_bufs: int, n_vals: int):
-    self.fn, self.name, self.arity = driver.CUfunction(fn), name, (n_bufs, n_vals)
+  def __init__(self, fn: int, name: str, n_bufs: int, n_vals: int, shared: int = 0):
+    self.fn, self.name, self.arity, self.shared = driver.CUfunction(fn), name, (n_bufs, n_vals), shared
 
 
 class RecordingDriver:
@@ -43,7 +43,8 @@ class RecordingDriver:
     bufs = [ctypes.c_uint64.from_address(p).value for p in ptrs[:n_bufs]]
     vals = [ctypes.c_int32.from_address(p).value for p in ptrs[n_bufs:]]
     return {"func": int(params.func), "grid": (params.gridDimX, params.gridDimY, params.gridDimZ),
-            "block": (params.blockDimX, params.blockDimY, params.blockDimZ), "bufs": bufs, "vals": vals}
+            "block": (params.blockDimX, params.blockDimY, params.blockDimZ), "bufs": bufs, "vals": vals,
+            "shared": params.sharedMemBytes}
 
   def cuGraphCreate(self, flags):
     self.calls.append("create")
@@ -76,7 +77,7 @@ class RecordingDriver:
 
 @pytest.fixture
 def fake(monkeypatch):
-  progs = [FakeProgram(0xA0, "k0", 2, 0), FakeProgram(0xB0, "k1", 3, 1), FakeProgram(0xC0, "k2", 2, 2)]
+  progs = [FakeProgram(0xA0, "k0", 2, 0), FakeProgram(0xB0, "k1", 3, 1, shared=65536), FakeProgram(0xC0, "k2", 2, 2)]
   rec = RecordingDriver(progs)
   monkeypatch.setattr(cuda_rt, "driver", rec)
   monkeypatch.setattr(cuda_rt, "_context", lambda: None)
@@ -103,6 +104,7 @@ def test_builds_a_chain_of_kernel_nodes(fake):
   assert [n["block"] for n in rec.added] == [(32, 1, 1), (16, 2, 1), (1, 1, 1)]
   assert [n["bufs"] for n in rec.added] == [[1000, 5000], [2000, 1000, 6000], [3000, 2000]]
   assert [n["vals"] for n in rec.added] == [[], [7], [-1, 9]]
+  assert [n["shared"] for n in rec.added] == [0, 65536, 0]   # a kernel's dynamic shared memory goes with its node
   assert rec.calls == ["create", "instantiate", "upload 0"]
   graph.free()
   graph.free()
