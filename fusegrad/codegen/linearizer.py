@@ -85,6 +85,7 @@ class Lowerer:
     self.slots = k.lane_slots()
     self.slot_of = {ax: j for j, slot in enumerate(self.slots) for ax in slot}
     self.up_sizes = [self.full_shape[slot[0]] for slot in self.slots]
+    self.reduce_slots = [all(k._is_reduce_axis(ax) for ax in slot) for slot in self.slots]   # lanes of reduce axes
     self.lanes = list(itertools.product(*[range(s) for s in self.up_sizes]))
     self.buf_uops = {b.arg: b for b in k.bufs}
     self.load_cache: dict[tuple, list[UOp]] = {}
@@ -221,7 +222,7 @@ class Lowerer:
 
   def lane_key(self, ln: tuple[int, ...], zero_reduce: bool) -> tuple[int, ...]:
     if not zero_reduce: return ln
-    return tuple(0 if all(self.k._is_reduce_axis(ax) for ax in slot) else v for slot, v in zip(self.slots, ln))
+    return tuple(0 if red else v for red, v in zip(self.reduce_slots, ln))
 
   def can_vectorize(self, accesses: list[tuple[UOp, UOp]], width: int) -> bool:
     (idx0, valid0) = accesses[0]
@@ -456,7 +457,7 @@ class Lowerer:
     bufs = {buf for buf, _, _ in self.stage_views.values()}
     # after the reads; the math on them may follow it (timed on the H200: a barrier after the accumulator updates
     # too was 5 % slower, bench/NOTES.md run 11)
-    reads = [u for r in results for u in r.toposort() if u.op is Ops.LOAD and u.src[0] in bufs]
+    reads = [u for u in UOp(Ops.SINK, dtypes.void, tuple(results)).toposort() if u.op is Ops.LOAD and u.src[0] in bufs]
     # arg: how many iterations' copies may still be in flight after it (the tile read next must have landed)
     return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), self.k.stages - 2)
 
@@ -788,18 +789,40 @@ def _merge_chains(chains: list[tuple[UOp, ...]], node: UOp) -> tuple[UOp, ...]:
   return longest
 
 
+# values that never depend on an accumulator: a walk looking for one need not look under them
+_NO_ACC = frozenset({Ops.LOAD, Ops.CONST, Ops.SPECIAL, Ops.LOOP, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_VAR,
+                     Ops.BARRIER})
+
+
+def _depending(root: UOp, acc: UOp) -> list[UOp]:
+  """The nodes under `root` (itself included) that depend on `acc`, sources first. Index arithmetic and memory
+  accesses are not searched: an update's chain runs through the combining ALUs (and WMMAs, GEPs, casts) only."""
+  memo: dict[UOp, bool] = {acc: True}
+  out: list[UOp] = []
+  stack = [(root, False)]
+  while stack:
+    n, expanded = stack.pop()
+    if n in memo: continue
+    if n.op in _NO_ACC or n.dtype is dtypes.index:
+      memo[n] = False
+      continue
+    if not expanded:
+      stack.append((n, True))
+      stack.extend((x, False) for x in n.src if x not in memo)
+      continue
+    memo[n] = any(memo.get(x, False) for x in n.src)
+    if memo[n]: out.append(n)
+  return out
+
+
 def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict) -> None:
   """An accumulator update runs once per iteration of the loops its PHI names, even when the value it adds does not
   depend on them (sum over r of x is R*x): move the PHI, and every node between the accumulator and it, into them."""
   for p in nodes:
     if p.op is not Ops.PHI or len(p.src) <= 2: continue
     target = _merge_chains([place[p]] + [seen_as[lp] for lp in p.src[2:]], p)
-    # the chain: nodes under the update that depend on the previous accumulator value (one walk, sources first)
-    prev, reaches, chain = p.src[0], {p.src[0]}, []
-    for m in p.src[1].toposort():
-      if m is not prev and any(s in reaches for s in m.src):
-        reaches.add(m)
-        chain.append(m)
+    # the chain: nodes under the update that depend on the previous accumulator value (sources first)
+    chain = _depending(p.src[1], p.src[0])
     for m in chain + [p]:
       place[m] = _merge_chains([place[m], target], m)
       if m is not p: seen_as[m] = place[m]

@@ -11,7 +11,7 @@ from fusegrad.engine.schedule import create_schedule
 
 def _expr(seed: int):
   rng = np.random.default_rng(seed)
-  a, b = (Tensor(rng.standard_normal((8, 16)).astype(np.float32)) for _ in range(2))
+  a, b = (Tensor(rng.standard_normal((8, 16)).astype(np.float32), device="CPU") for _ in range(2))
   return (a * b).sum(1).contiguous() + (a - b).max(1).contiguous() * 2, a.numpy(), b.numpy()
 
 
