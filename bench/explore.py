@@ -4,7 +4,7 @@
       --setup "a = Tensor.rand(4096, 4096); b = Tensor.rand(4096, 4096)" \\
       --opts "[[Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8)]]"
 Prints, for the heuristic opts and each given list: the opts, median kernel time (device timer), GFLOP/s and GB/s
-of the last (biggest) kernel of the expression, and whether its output matches the heuristic kernel's.
+of one kernel of the expression (--kernel, default the last), and whether its output matches the heuristic kernel's.
 """
 from __future__ import annotations
 import argparse
@@ -26,6 +26,7 @@ def main() -> int:
   p.add_argument("--expr", required=True)
   p.add_argument("--opts", default="[]", help="a Python list of Opt lists")
   p.add_argument("--runs", type=int, default=10)
+  p.add_argument("--kernel", type=int, default=-1, help="which kernel of the expression to time (default: the last)")
   args = p.parse_args()
   env = {"Tensor": Tensor, "dtypes": dtypes, "Opt": Opt, "OptOps": OptOps}
   exec(args.setup, env)
@@ -34,8 +35,8 @@ def main() -> int:
   out = eval(args.expr, env)
   sched = create_schedule([out.lazydata])
   kernels = [si for si in sched if si.ast.op.name == "SINK"]
-  run_schedule(sched[:-1] if kernels and sched[-1] is kernels[-1] else sched)
-  si = kernels[-1]
+  si = kernels[args.kernel]
+  run_schedule(sched[:sched.index(si)])   # what the kernel reads is computed first
   for b in si.bufs: b.allocate()
   reference = None
   for opts in [None] + eval(args.opts, env):
@@ -56,7 +57,8 @@ def main() -> int:
     if reference is None: reference = got
     ok = np.allclose(got.astype(np.float64), reference.astype(np.float64), rtol=1e-2, atol=1e-2)
     print(f"{str(k.applied_opts):100s} {t * 1e3:9.3f} ms {ck.lin.op_estimate / t / 1e9:9.1f} GFLOP/s "
-          f"{ck.lin.mem_estimate / t / 1e9:8.1f} GB/s {'ok' if ok else 'MISMATCH'}", flush=True)
+          f"{ck.lin.mem_estimate / t / 1e9:8.1f} GB/s {'ok' if ok else 'MISMATCH'} "
+          f"{ck.program.resources() if hasattr(ck.program, 'resources') else ''}", flush=True)
   return 0
 
 

@@ -11,10 +11,12 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 import importlib
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, NamedTuple
 import numpy as np
 from fusegrad.config import config
@@ -108,6 +110,17 @@ class Compiled:
   # Graph(launches: list[GraphLaunch], input_slots) replays the launches in order through .launch(input_handles);
   # input_slots[i] lists the (launch, buffer position) pairs that take input i's handle. None: no graph here.
   graph: type | None = None
+  # timer(fn) -> seconds the device spends from before fn's launches to after them (fn launches without waiting)
+  timer: Any = None
+
+  def time(self, fn: Callable[[], Any]) -> float:
+    """Device seconds for the launches fn makes, start to end (GPU: events around them; else wall time to done)."""
+    if self.timer is not None: return self.timer(fn)
+    self.synchronize()
+    start = time.perf_counter()
+    fn()
+    self.synchronize()
+    return time.perf_counter() - start
 
 
 class _DeviceRegistry:

@@ -161,6 +161,13 @@ class CUDAProgram:
     self.fn = check(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
     self.shared = self._dynamic_shared()
 
+  def resources(self) -> str:
+    """Registers per thread, spilled (local) bytes per thread and shared bytes per block, as the driver reports."""
+    def attr(name: str) -> int:
+      return check(driver.cuFuncGetAttribute(getattr(driver.CUfunction_attribute, name), self.fn), name)
+    return (f"regs={attr('CU_FUNC_ATTRIBUTE_NUM_REGS')} spill={attr('CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES')}B "
+            f"smem={attr('CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES') + self.shared}B")
+
   def _dynamic_shared(self) -> int:
     """Bytes of dynamic shared memory the kernel needs: the renderer leaves the number in `fg_dynamic_shared` when
     the block's arrays exceed the 48 KB of static shared memory; the kernel is then opted in to that much."""
@@ -267,7 +274,22 @@ def synchronize() -> None:
   if gpu_available(): check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
+def event_timer(fn) -> float:
+  """Seconds between CUDA events recorded on the stream before and after the launches fn makes."""
+  _context()
+  start, end = check(driver.cuEventCreate(0), "cuEventCreate"), check(driver.cuEventCreate(0), "cuEventCreate")
+  try:
+    check(driver.cuEventRecord(start, STREAM), "cuEventRecord")
+    fn()
+    check(driver.cuEventRecord(end, STREAM), "cuEventRecord")
+    check(driver.cuEventSynchronize(end), "cuEventSynchronize")
+    return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime") / 1e3
+  finally:
+    driver.cuEventDestroy(start)
+    driver.cuEventDestroy(end)
+
+
 def make_device() -> Compiled:
   arch = device_arch()
   return Compiled("CUDA", CUDAAllocator(), CUDARenderer(arch), NVRTCCompiler(arch), CUDAProgram, synchronize,
-                  graph=CUDAGraph)
+                  graph=CUDAGraph, timer=event_timer)
