@@ -108,8 +108,9 @@ def _use_cores(k: Kernel) -> None:
 def _tile_tensor_cores(k: Kernel) -> None:
   """Several m16n8k16 tiles per warp (register tiling: each loaded fragment feeds more than one WMMA), and on
   devices with shared memory several warps per block sharing staged tiles. Timed on the H200 (bench/NOTES.md run
-  11, fp16 8192^3): 4 N x 4 M tiles per warp, 2 x 4 warps (a 128 x 128 block), K unrolled by 4 (a 64-deep tile)
-  and STAGE 3.4-3.5 ms; 8 N x 4 M tiles per warp in one-warp blocks without staging (the old default) 10.8 ms.
+  11, fp16 8192^3): 4 N x 4 M tiles per warp, 2 x 4 warps (a 128 x 128 block), K unrolled by 4 (a 64-deep tile),
+  blocks rastered in groups of 16 rows and a ring of 3 tiles: 3.1 ms; 8 N x 4 M tiles per warp in one-warp blocks
+  without staging (the old default) 10.8 ms.
   Each step falls back to smaller amounts where the matrix is too small."""
   def axes() -> tuple[int | None, int | None]:   # the global M and N axes (A moves along M, B along N)
     plan = k.tensor_core
@@ -134,7 +135,16 @@ def _tile_tensor_cores(k: Kernel) -> None:
   if loop >= 0 and isinstance(k.full_shape[k.first_upcast - 1], int):
     for amount in (4, 2):
       if k.full_shape[k.first_upcast - 1] % amount == 0 and _try(k, Opt(OptOps.UNROLL, loop, amount)): break
-  _try(k, Opt(OptOps.STAGE, 0, 2))
+  _raster(k)
+  if not _try(k, Opt(OptOps.STAGE, 0, 3)): _try(k, Opt(OptOps.STAGE, 0, 2))
+
+
+def _raster(k: Kernel) -> None:
+  """Blocks in groups of 16 grid rows (fewer where the grid is smaller): a wave of blocks shares its rows of A and
+  columns of B in L2 (fp16 8192^3 on the H200: 3.34 -> 3.22 ms, bench/NOTES.md run 11)."""
+  if k.global_dims < 2 or not isinstance(k.full_shape[k.global_dims - 2], int): return
+  for amount in (16, 8, 4, 2):
+    if k.full_shape[k.global_dims - 2] % amount == 0 and _try(k, Opt(OptOps.RASTER, 0, amount)): return
 
 
 def _group_reduce(k: Kernel) -> None:

@@ -17,7 +17,7 @@ from fusegrad.codegen.tensor_cores import TCPlan, match_matmul, M as TC_M, N as 
 
 class OptOps(Enum):
   UPCAST = auto(); UNROLL = auto(); LOCAL = auto(); LASTLOCAL = auto(); GROUP = auto(); GROUPTOP = auto()  # noqa: E702
-  NOLOCALS = auto(); PADTO = auto(); TC = auto(); THREAD = auto(); STAGE = auto()  # noqa: E702
+  NOLOCALS = auto(); PADTO = auto(); TC = auto(); THREAD = auto(); STAGE = auto(); RASTER = auto()  # noqa: E702
 
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
@@ -82,6 +82,7 @@ class Kernel:
     self.threads = 1   # CPU: axis 0 is split across this many cores (THREAD)
     self.staged: list[StagedLoad] = []   # loads read through shared memory (STAGE), in a ring of `stages` tiles
     self.stages = 0
+    self.raster = 0   # launch order of the blocks: groups of this many rows of the grid (RASTER)
     # reduce axes last, then drop size-1 axes and merge what can be merged
     reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
     self.reshape_and_permute(None, [i for i in range(self.shape_len) if i not in reduce_axes] + reduce_axes)
@@ -263,6 +264,7 @@ class Kernel:
   def apply_opt(self, opt: Opt) -> None:
     """Apply one Opt; raise KernelOptError (and leave the kernel unchanged) when it does not fit."""
     _check(not self.staged, f"{opt}: STAGE must be the last opt (its tiles are laid out for the final layout)")
+    _check(not self.raster or opt.op is OptOps.STAGE, f"{opt}: only STAGE may follow RASTER (it fixes the grid)")
     saved = (list(self.sts), self.local_dims, self.group_for_reduces, self.upcasted, self.dont_use_locals)
     try:
       self._apply_opt(opt)
@@ -284,6 +286,7 @@ class Kernel:
   def _apply_opt(self, opt: Opt) -> None:
     if opt.op is OptOps.TC: return self.apply_tensor_cores()
     if opt.op is OptOps.STAGE: return self.apply_stage(opt)
+    if opt.op is OptOps.RASTER: return self.apply_raster(opt)
     _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL),
            f"{opt}: after TC only UPCAST, UNROLL and LOCAL may follow (the warp layout is fixed)")
     if opt.op is OptOps.THREAD: return self.apply_threads(opt)
@@ -412,6 +415,18 @@ class Kernel:
     _check(total <= self.opts.shared_max, f"STAGE: tiles need {total} bytes of shared memory, more than "
                                           f"{self.opts.shared_max}")
     self.staged, self.stages = staged, stages
+
+  def apply_raster(self, opt: Opt) -> None:
+    """Launch the blocks of the last two grid axes in groups of `amount` rows: consecutive blocks then cover an
+    amount x (wave / amount) patch of the output, so the rows of A and columns of B a wave of blocks reads stay in
+    the L2 cache together (row-major order would stream all of B once per row of blocks)."""
+    _check(self.opts.has_local and not self.dont_use_locals and 2 <= self.global_dims <= 3 and not self.multireduce,
+           f"{opt}: needs a grid of two or three axes")
+    rows = self.full_shape[self.global_dims - 2]
+    _check(isinstance(rows, int) and opt.amount is not None and opt.amount > 1 and rows % opt.amount == 0,
+           f"{opt}: {opt.amount} must divide the grid's {rows} rows")
+    _check(self.raster == 0, f"{opt}: the block order is set already")
+    self.raster = opt.amount
 
   def _tc_axes(self, a: UOp, b: UOp):
     sa, sb = self.sts[self.accesses.index(a)].real_strides(), self.sts[self.accesses.index(b)].real_strides()

@@ -149,6 +149,7 @@ class Lowerer:
       gids = _grouped_specials("gidx", gsizes, 3, 0)
       lids = _grouped_specials("lidx", lsizes, 3, 0) if not k.dont_use_locals else []
       if k.dont_use_locals and lsizes: raise AssertionError("locals on a kernel with NOLOCALS")
+      if k.raster: gids = gids[:-2] + self.rastered(gids[-2], gids[-1], gsizes[-2], gsizes[-1], k.raster)
       idxs[:k.global_dims] = gids
       idxs[k.global_dims:k.first_reduce + k.group_for_reduces] = lids
     else:
@@ -162,6 +163,13 @@ class Lowerer:
       self.outer_blocks = (parent,) if parent is not None else ()
     self.global_idxs = idxs[:k.global_dims]
     return idxs
+
+  @staticmethod
+  def rastered(y: UOp, x: UOp, rows: int, cols, group: int) -> list[UOp]:
+    """(row, column) of the block at launch position (y, x) when blocks go in groups of `group` rows, column by
+    column within a group (kernel.apply_raster)."""
+    linear = y * cols + x
+    return [simplify((linear // (group * cols)) * group + linear % group), simplify((linear % (group * cols)) // group)]
 
   def loop(self, name: str, size, parent: UOp | None) -> UOp:
     end = size if isinstance(size, UOp) else UOp.const(dtypes.index, size)
@@ -531,21 +539,29 @@ class Lowerer:
       else: return None
       if any(s % 8 for ax, s in enumerate(strides) if ax not in run): return None   # 16-byte aligned rows
       matrix, row = ldmatrix_lane(g, t)
-      count = 4 if operand == "a" else 2
+      base = self.lane_indices(idxs, lane, zero_reduce=False)
+      first = 0   # the register this lane's fragment starts at
       if operand == "a":   # matrix j: m + 8 (j % 2), k + 8 (j // 2)
-        q_off, p_off = (matrix % 2) * 8, (matrix // 2) * 8
-      else:                # matrix j: k + 8 j (lanes 16-31 repeat 0-15's addresses; x2 reads only those)
-        q_off, p_off = zero, (matrix % 2) * 8
+        count, q_off, p_off = 4, (matrix % 2) * 8, (matrix // 2) * 8
+      else:                # matrix j: k + 8 (j % 2); j // 2: the next N tile, when an N tile axis pairs them
+        count, q_off, p_off = 2, zero, (matrix % 2) * 8
+        if pair is not None:
+          at = lane[pos[pair]]
+          count, first = 4, 2 * (at % 2)
+          base[pair] = UOp.const(dtypes.index, at - at % 2) + matrix // 2
       q, kk = (q_off, p_off + row) if trans else (q_off + row, p_off)
       values = {ax_g: q % 8, ax_mh: q // 8, ax_t: zero, ax_nl: zero} if operand == "a" else \
                {ax_t: q // 2, ax_nl: q % 2, ax_g: zero, ax_mh: zero}
-      base = self.lane_indices(idxs, lane, zero_reduce=False)
       for ax, v in values.items(): base[ax] = v
       base[ax_k] = kk
       idx, _ = sst.expr_idxs([simplify(x) for x in base])
       ld = UOp(Ops.LOAD, dtypes.uint32.vec(count), (buf, idx + offset if offset is not None else idx, staged),
                MatrixLoad(count, trans))
-      return [UOp(Ops.GEP, dtypes.uint32, (ld,), i) for i in range(count)]
+      return [UOp(Ops.GEP, dtypes.uint32, (ld,), i) for i in range(first, first + (4 if operand == "a" else 2))]
+    # an upcast axis of N tiles (B moves along it, A does not): B's ldmatrix reads two neighbouring tiles at once
+    sa_all, sb_all = st_a.real_strides(), st_b.real_strides()
+    pair = next((self.up_axes[j] for j in others if sa_all[self.up_axes[j]] == 0 and sb_all[self.up_axes[j]] != 0
+                 and self.up_sizes[j] % 2 == 0), None)
     accs: dict[tuple, UOp] = {}
     for other in itertools.product(*[range(self.up_sizes[j]) for j in others]):
       lane = [0] * len(self.up_axes)

@@ -29,6 +29,7 @@ ACTIONS: list[Opt] = (
   [Opt(OptOps.LOCAL, axis, amt) for amt in (2, 3, 4, 8, 13, 16, 29, 32) for axis in range(6)] +
   [Opt(OptOps.GROUPTOP, axis, amt) for amt in (13, 16, 28, 29, 32, 49, 64, 256) for axis in range(3)] +
   [Opt(OptOps.GROUP, axis, amt) for amt in (0, 4, 8, 16, 32, 64, 128) for axis in range(3)] +
+  [Opt(OptOps.RASTER, 0, amt) for amt in (4, 8, 16)] + [Opt(OptOps.STAGE, 0, amt) for amt in (2, 3, 4)] +
   [Opt(OptOps.NOLOCALS), Opt(OptOps.TC, 0, 0)])
 COMPILE_TIMEOUT_S = 20.0
 
