@@ -28,7 +28,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     _multireduce(k)
     if k.opts.max_threads > 1: _use_cores(k)
     return k
-  if k.opts.tensor_cores and _tc_pays(k) and _try(k, Opt(OptOps.TC, 0, 0)):
+  if k.opts.tensor_cores and (choice := _tc_choice(k)) is not None and _try(k, Opt(OptOps.TC, choice, 0)):
     _tile_tensor_cores(k)
     return k
   if k.opts.has_local and k.reduceop is not None: _group_reduce(k)
@@ -81,17 +81,20 @@ def _multireduce(k: Kernel) -> None:
   if (a := output_axis(step)) is not None: _try(k, Opt(OptOps.LOCAL, a, threads))
 
 
-def _tc_pays(k: Kernel) -> bool:
-  """Tensor cores for fp16/bf16 matmuls, and for convs whose M axis is contiguous in the image. A conv whose M axis
-  is the batch (spatial sizes not multiples of 16) gathers every fragment element from a different image and ran
-  7x slower than FMAs with register tiles (bench/NOTES.md run 8: 2.4 ms vs 0.36 ms on the H200)."""
+def _tc_choice(k: Kernel) -> int | None:
+  """Which way to map an fp16/bf16 matmul-shaped reduce onto tensor cores (the TC opt's axis), or None for FMAs. A
+  matmul takes the first fit. A conv takes a mapping whose M (in A) or N (in B) axis is contiguous: with the
+  weights as A, M = output channels and N = image columns (bench conv fp16 on the H200: 0.28 -> 0.11 ms, NOTES run
+  11); M = the batch gathers every fragment element from another image (7x slower than FMAs, NOTES run 8)."""
   loads = match_matmul(k.reduceop)
-  if loads is None: return False
-  if k.first_upcast - k.first_reduce == 1: return True   # one reduce axis: a matmul
-  axes = k._tc_axes(loads[0], loads[1]) or k._tc_axes(loads[1], loads[0])
-  if axes is None: return False
-  m_axis, _, a, _ = axes
-  return k.sts[k.accesses.index(a)].real_strides(ignore_valid=True)[m_axis] == 1   # padding masks the edges
+  if loads is None: return None
+  fits = [x for x in (k._tc_axes(loads[0], loads[1]), k._tc_axes(loads[1], loads[0])) if x is not None]
+  if not fits: return None
+  if k.first_upcast - k.first_reduce == 1: return 0   # one reduce axis: a matmul
+  for i, (m_axis, n_axis, a, b) in enumerate(fits):
+    sa, sb = (k.sts[k.accesses.index(x)].real_strides(ignore_valid=True) for x in (a, b))  # padding masks edges
+    if sa[m_axis] == 1 or sb[n_axis] == 1: return i
+  return None
 
 
 def _use_cores(k: Kernel) -> None:
@@ -112,17 +115,23 @@ def _tile_tensor_cores(k: Kernel) -> None:
   blocks rastered in groups of 16 rows and a ring of 3 tiles: 3.1 ms; 8 N x 4 M tiles per warp in one-warp blocks
   without staging (the old default) 10.8 ms.
   Each step falls back to smaller amounts where the matrix is too small."""
-  def axes() -> tuple[int | None, int | None]:   # the global M and N axes (A moves along M, B along N)
+  def axes() -> tuple[list[int], list[int]]:   # the global M and N axes (A moves along M, B along N)
     plan = k.tensor_core
     sa, sb = (k.sts[k.accesses.index(x)].real_strides() for x in (plan.a, plan.b))
-    ms = [i for i in range(k.global_dims) if sa[i] != 0 and sb[i] == 0]
-    ns = [i for i in range(k.global_dims) if sb[i] != 0 and sa[i] == 0]
-    return (ms[-1] if ms else None), (ns[-1] if ns else None)
-  def split(op: OptOps, which: int, amounts: tuple[int, ...]) -> None:
-    axis = axes()[which]
+    return [i for i in range(k.global_dims) if sa[i] != 0 and sb[i] == 0], \
+        [i for i in range(k.global_dims) if sb[i] != 0 and sa[i] == 0]
+  def split(op: OptOps, which: int, amounts: tuple[int, ...], nth: int = -1) -> None:
+    found = axes()[which]
+    axis = found[nth] if len(found) >= abs(nth) else None
     if axis is None or not isinstance(k.full_shape[axis], int): return
     for amount in amounts:
       if k.full_shape[axis] % amount == 0 and _try(k, Opt(op, axis, amount)): return
+  if k.first_upcast - k.first_reduce > 1:   # a conv: tiles of 4 M x (up to 8) N x 2 rows; no staging (padding)
+    split(OptOps.UPCAST, 0, (4, 2))
+    before = len(axes()[1])
+    split(OptOps.UPCAST, 1, (8, 7, 6, 5, 4, 3, 2))
+    split(OptOps.UPCAST, 1, (2,), nth=-1 if len(axes()[1]) < before else -2)   # the next N axis (image rows)
+    return
   if not k.opts.has_shared:
     split(OptOps.UPCAST, 1, (8, 4, 2))
     split(OptOps.UPCAST, 0, (4, 2))

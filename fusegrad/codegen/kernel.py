@@ -284,7 +284,7 @@ class Kernel:
     return base + opt.axis
 
   def _apply_opt(self, opt: Opt) -> None:
-    if opt.op is OptOps.TC: return self.apply_tensor_cores()
+    if opt.op is OptOps.TC: return self.apply_tensor_cores(opt.axis or 0)
     if opt.op is OptOps.STAGE: return self.apply_stage(opt)
     if opt.op is OptOps.RASTER: return self.apply_raster(opt)
     _check(self.tensor_core is None or opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL),
@@ -338,16 +338,19 @@ class Kernel:
     if amount < size: self.shift_to(0, amount, top=True, insert_before=0)
     self.threads = amount
 
-  def apply_tensor_cores(self) -> None:
+  def apply_tensor_cores(self, choice: int = 0) -> None:
     """Map SUM(A*B) of fp16/bf16 loads onto mma m16n8k16: M splits into (.., mh 2 upcast, g 8 local), N into
-    (.., t 4 local, nl 2 upcast) and K into (.., 16 unrolled)."""
+    (.., t 4 local, nl 2 upcast) and K into (.., 16 unrolled). `choice` (the opt's axis) picks which load is A
+    when both fit (0: the first that fits; a conv can take the image or the weights as A)."""
     _check("m16n8k16" in self.opts.tensor_cores, f"TC: the {self.opts.device} device has no tensor cores")
     _check(not self.applied_opts and not self.dont_use_locals, "TC: must be the first opt, on a kernel with locals")
     loads = match_matmul(self.reduceop)
     _check(loads is not None, "TC: the reduce is not a sum of products of two float16/bfloat16 loads")
     a, b, dtype_in = loads
-    axes = self._tc_axes(a, b) or self._tc_axes(b, a)
-    _check(axes is not None, f"TC: no M/N axes divisible by {TC_M}/{TC_N} in {self.full_shape}")
+    fits = [x for x in (self._tc_axes(a, b), self._tc_axes(b, a)) if x is not None]
+    _check(bool(fits), f"TC: no M/N axes divisible by {TC_M}/{TC_N} in {self.full_shape}")
+    _check(0 <= choice < len(fits), f"TC: choice {choice} of {len(fits)} ways to map the operands")
+    axes = fits[choice]
     # K: a reduce axis along which both operands move, a multiple of 16 (the rest stay reduce loops, as in a conv)
     sa, sb = (self.sts[self.accesses.index(x)].real_strides() for x in axes[2:])
     fs = self.full_shape
