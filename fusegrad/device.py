@@ -114,7 +114,8 @@ class Compiled:
   timer: Any = None
 
   def time(self, fn: Callable[[], Any]) -> float:
-    """Device seconds for the launches fn makes, start to end (GPU: events around them; else wall time to done)."""
+    """Device seconds for the launches fn makes, start to end (GPU: events around them, with the queue kept full
+    by an untimed call before; else wall time to done)."""
     if self.timer is not None: return self.timer(fn)
     self.synchronize()
     start = time.perf_counter()

@@ -172,7 +172,9 @@ def _group_reduce(k: Kernel) -> None:
   amounts = (256, 128, 64, 32, 16)
   if contiguous and size % 512 == 0 and _try(k, Opt(OptOps.UNROLL, reduce_axis - k.first_reduce, 4)):
     size //= 4
-    amounts = (128, 64, 32, 16)   # float4 per thread: 128 threads cover 2 KB per step (timed best, NOTES run 8)
+    # float4 per thread: 128 threads cover 2 KB per step (timed best, NOTES run 8); one block for the whole reduce
+    # (the second kernel of a split sum) takes 256, so more loads are in flight in its few steps
+    amounts = (256, 128, 64, 32, 16) if out_size == 1 else (128, 64, 32, 16)
   for amount in amounts:
     if size % amount == 0 and _try(k, Opt(OptOps.GROUP, reduce_axis - k.first_reduce, amount)): return
 
@@ -275,8 +277,10 @@ def _unroll_reduce(k: Kernel) -> None:
 
 
 def _upcast_output(k: Kernel) -> None:
-  """Upcast the axis along which the output is contiguous by 4 (float4 stores)."""
+  """Upcast the axis along which the output is contiguous by 4 (float4 stores); not when a grouped reduce would be
+  left with fewer than 2048 blocks (the first kernel of a split sum has 4096 outputs: a block each fills the GPU)."""
   if k.upcast_size() >= 32 or k.first_reduce == 0: return
+  if k.group_for_reduces and prod(_int(s) or 1 << 20 for s in k.full_shape[:k.global_dims]) < 4 * 2048: return
   strides = k.sts[0].real_strides()
   for axis in range(k.first_reduce - 1, -1, -1):
     size = _int(k.full_shape[axis])
