@@ -303,6 +303,8 @@ class Kernel:
       _check(self.opts.has_local and not self.dont_use_locals, f"{opt}: this kernel/device has no thread blocks")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
       _check(amount <= 32, f"{opt}: upcast amount {amount} is too large (at most 32)")
+      _check(self.tensor_core is None or axis < self.first_reduce - 2 or axis >= self.first_reduce,
+             f"{opt}: axis {axis} is one of the tensor cores' thread axes (g, t), which the warp layout fixes")
       self.shift_to(axis, amount, insert_before=None)
       self.upcasted += 1
       # tensor-core kernels lower fragments, not lanes: the 16 K lanes of each mma do not count against the limit
@@ -386,7 +388,8 @@ class Kernel:
     block, lanes = list(range(self.global_dims, self.first_reduce)), self.upcasted_axes()
     looped = self.first_upcast > self.first_reduce
     stages = (opt.amount or 2) if looped else 1
-    _check(1 <= stages <= 8, f"{opt}: 2 to 8 tiles per load")
+    _check(not looped or 2 <= stages <= 8, f"{opt}: 2 to 8 tiles per load in a reduce loop (one is being read "
+                                           f"while the next arrives)")
     threads = self.thread_count()
     staged, total = [], 0
     for i in self.phases[self.reduceop][0]:
