@@ -29,6 +29,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.codegen.linearizer import linearize
 from fusegrad.codegen.tensor_cores import MatrixLoad
+from fusegrad.device import cuda_usable
 from fusegrad.engine.compile import kernel_for, render_kernel
 from fusegrad.engine.realize import compile_kernel, run_kernel, run_schedule
 from fusegrad.engine.schedule import create_schedule
@@ -76,18 +77,18 @@ def randn(shapes, seed=0) -> list[np.ndarray]:
   return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
 
-def run_python(build, arrays, dtype, opts):
-  """Realize the inputs (cast to dtype) on PYTHON, run the one kernel of build(*inputs) with `opts` (None: the
+def run_python(build, arrays, dtype, opts, device="PYTHON"):
+  """Realize the inputs (cast to dtype) on `device`, run the one kernel of build(*inputs) with `opts` (None: the
   heuristics); returns the Kernel and the output as float64."""
-  ts = [Tensor(a, device="PYTHON").cast(dtype).realize() for a in arrays]
+  ts = [Tensor(a, device=device).cast(dtype).realize() for a in arrays]
   out = build(*ts)
   sched = create_schedule([out.lazydata])
   assert len(sched) == 1, f"expected one kernel, got {len(sched)}"
   run_schedule(sched[:-1])
   si = sched[-1]
   for b in si.bufs: b.allocate()
-  k = kernel_for(si.ast, "PYTHON", opts)
-  run_kernel(compile_kernel(k, "PYTHON"), si.bufs, si.var_vals)
+  k = kernel_for(si.ast, device, opts)
+  run_kernel(compile_kernel(k, device), si.bufs, si.var_vals)
   return k, si.bufs[0].numpy().astype(np.float64).reshape(out.shape)
 
 
@@ -657,3 +658,30 @@ def test_upcast_after_tc_keeps_warp_layout(axis):
   except KernelOptError:
     return
   check_close(got, round_to(arrays[0], dtypes.float16) @ round_to(arrays[1], dtypes.float16), dtypes.float16)
+
+
+# ***** on a GPU: the staged kernels the heuristics pick, cp.async and ldmatrix included *****
+
+gpu = pytest.mark.skipif(not cuda_usable(), reason="no CUDA GPU here")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_staged_tc_matmul_on_the_gpu(dtype, ta, tb):
+  """256 x 384 @ 384 x 512 with the heuristics: TC, 2x4 warps, RASTER, a ring of 3 tiles (K = 6 x 64)."""
+  a, b = randn([(384, 256) if ta else (256, 384), (512, 384) if tb else (384, 512)], seed=21)
+  k, got = run_python(lambda x, y: (x.T if ta else x) @ (y.T if tb else y), [a, b], dtype, None, device="CUDA")
+  assert k.staged and k.tensor_core is not None, k.applied_opts
+  ref = round_to(a.T if ta else a, dtype) @ round_to(b.T if tb else b, dtype)
+  check_close(got, ref, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_staged_fp32_matmul_on_the_gpu(stages):
+  a, b = randn([(256, 128), (128, 512)], seed=22)
+  opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 1, 32),
+          Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.RASTER, 0, 2), Opt(OptOps.STAGE, 0, stages)]
+  _, got = run_python(lambda x, y: x @ y, [a, b], dtypes.float32, opts, device="CUDA")
+  check_close(got, a.astype(np.float64) @ b.astype(np.float64), dtypes.float32)
