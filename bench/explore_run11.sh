@@ -6,12 +6,11 @@ U="Opt(OptOps.UPCAST"; L="Opt(OptOps.LOCAL"; R="Opt(OptOps.UNROLL"; T="Opt(OptOp
 H16="$T,$U,1,4),$U,0,4),$L,0,2),$L,1,4),$R,0,4)"
 echo "== matmul fp16 8192"
 $E --setup "a = Tensor.rand(8192, 8192).half(); b = Tensor.rand(8192, 8192).half()" --expr "a @ b" --opts "[
-[$T,$U,1,4),$U,0,4),$L,0,2),$L,1,4),$R,0,2),$W,16),Opt(OptOps.STAGE,0,4)],
-[$T,$U,1,4),$U,0,4),$L,0,2),$L,1,4),$R,0,2),$W,16),Opt(OptOps.STAGE,0,5)],
-[$T,$U,1,4),$U,0,4),$L,0,4),$L,1,2),$R,0,4),$W,16),Opt(OptOps.STAGE,0,3)],
-[$T,$U,1,4),$U,0,2),$L,0,4),$L,1,4),$R,0,4),$W,16),Opt(OptOps.STAGE,0,3)],
-[$T,$U,1,2),$U,0,4),$L,0,2),$L,1,8),$R,0,4),$W,16),Opt(OptOps.STAGE,0,3)],
-[$T,$U,1,4),$U,0,4),$L,0,2),$L,1,4),$R,0,4),$W,16),Opt(OptOps.STAGE,0,4)],
+[$T,$U,1,8),$U,0,4),$L,0,2),$L,1,2),$R,0,2),$W,16),Opt(OptOps.STAGE,0,3)],
+[$T,$U,1,8),$U,0,4),$L,0,2),$L,1,2),$R,0,2),$W,16),Opt(OptOps.STAGE,0,4)],
+[$T,$U,1,8),$U,0,2),$L,0,4),$L,1,2),$R,0,4),$W,16),Opt(OptOps.STAGE,0,3)],
+[$T,$U,1,8),$U,0,2),$L,0,4),$L,1,2),$R,0,2),$W,16),Opt(OptOps.STAGE,0,4)],
+[$T,$U,1,4),$U,0,4),$L,0,2),$L,1,4),$R,0,4),$W,16),Opt(OptOps.STAGE,0,3)],
 ]"
 echo "== linear fp16 x @ w.T 8192"
 $E --setup "a = Tensor.rand(8192, 8192).half(); b = Tensor.rand(8192, 8192).half()" --expr "a @ b.T" --opts "[]"
