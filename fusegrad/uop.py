@@ -72,6 +72,16 @@ class SpecialArg:
 
 
 @dataclass(frozen=True)
+class MatrixLoad:
+  """The arg of a LOAD that is ldmatrix: `count` 8x8 matrices of 16-bit values from shared memory, loaded by the
+  whole warp; the LOAD's index is this lane's row address (lane l: row l % 8 of matrix l // 8); lane l receives,
+  per matrix, the register holding row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1 (of the transposed matrix when
+  `trans`). Its dtype is uint32 x count."""
+  count: int
+  trans: bool
+
+
+@dataclass(frozen=True)
 class LocalArg:
   """DEFINE_LOCAL: a shared-memory array `name` of `size` elements."""
   name: str

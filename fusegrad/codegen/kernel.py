@@ -400,7 +400,7 @@ class Kernel:
       if all(varies(ax) for ax in block if fs[ax] > 1): continue   # no other thread reads what this one does
       # the buffer's order, slowest first: None (a gathered axis) counts as slowest; ties keep the layout's order
       axes = sorted((ax for ax in block + lanes if varies(ax)),
-                    key=lambda ax: -strides[ax] if isinstance(strides[ax], int) else -(1 << 62))  # noqa: B023
+                    key=lambda ax: -strides[ax] if isinstance(strides[ax], int) else -(1 << 62))
       item = self.accesses[i].src[0].dtype.base.itemsize
       smem: dict[int, int] = {}
       running, row = 1, None

@@ -16,13 +16,13 @@ import itertools
 from dataclasses import dataclass
 from fusegrad.helpers import prod
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg
+from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg, MatrixLoad
 from fusegrad.rewrite import graph_rewrite
 from fusegrad.symbolic import symbolic, simplify
 from fusegrad.shape.shapetracker import ShapeTracker
 from fusegrad.shape.view import View
 from fusegrad.codegen.kernel import Kernel, StagedLoad
-from fusegrad.codegen.tensor_cores import WMMAArg, MatrixLoad, a_pos, b_pos, ldmatrix_lane, A_REGS, B_REGS, C_REGS
+from fusegrad.codegen.tensor_cores import WMMAArg, a_pos, b_pos, ldmatrix_lane, A_REGS, B_REGS, C_REGS
 
 
 @dataclass
@@ -93,7 +93,9 @@ class Lowerer:
     self.reduce_loops: tuple[UOp, ...] = ()
     self.lane_index = {ln: i for i, ln in enumerate(self.lanes)}
     self.valu = self.alu_vector_lanes()
-    self.stage_views: dict[UOp, tuple[UOp, ShapeTracker, UOp | None]] = {}   # staged load -> (shared array, view, offset)
+    # staged load -> (shared array, view, offset); the copies of the next tiles, inside the reduce loops
+    self.stage_views: dict[UOp, tuple[UOp, ShapeTracker, UOp | None]] = {}
+    self.pipeline: list[UOp] = []
 
   def alu_vector_lanes(self) -> tuple[int, int] | None:
     """(upcast axis position, width) along which ALU ops work on whole vectors: the upcast axis along which the most
@@ -437,7 +439,6 @@ class Lowerer:
         rest = rest // fs[ax]
       return out
     prologue: list[UOp] = []
-    self.pipeline: list[UOp] = []
     for n, plan in enumerate(k.staged):
       access, st = k.accesses[plan.access], k.sts[plan.access]
       dtype = access.src[0].dtype.base
@@ -461,7 +462,7 @@ class Lowerer:
   def pipeline_barrier(self, results: list[UOp]) -> UOp | None:
     """The barrier that ends an iteration of a pipelined staged reduce: after the copy of the next tiles and every
     read of this iteration's (found under `results`). It leads the SINK, so the copies are emitted first."""
-    if not getattr(self, "pipeline", None): return None
+    if not self.pipeline: return None
     bufs = {buf for buf, _, _ in self.stage_views.values()}
     # after the reads; the math on them may follow it (timed on the H200: a barrier after the accumulator updates
     # too was 5 % slower, bench/NOTES.md run 11)

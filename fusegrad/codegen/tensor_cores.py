@@ -31,16 +31,6 @@ class WMMAArg:
   packed: bool = False
 
 
-@dataclass(frozen=True)
-class MatrixLoad:
-  """The arg of a LOAD that is ldmatrix: `count` 8x8 matrices of 16-bit values from shared memory, loaded by the
-  whole warp; the LOAD's index is this lane's row address (lane l: row l % 8 of matrix l // 8); lane l receives,
-  per matrix, the register holding row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1 (of the transposed matrix when
-  `trans`). Its dtype is uint32 x count."""
-  count: int
-  trans: bool
-
-
 def ldmatrix_lane(g, t):
   """(matrix, row) whose address lane (g, t) supplies to ldmatrix."""
   return g // 2, (g % 2) * 4 + t

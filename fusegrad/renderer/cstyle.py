@@ -10,8 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
-from fusegrad.codegen.tensor_cores import MatrixLoad
-from fusegrad.uop import UOp, Ops, GroupOp
+from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad
 from fusegrad.symbolic import simplify
 
 
@@ -376,11 +375,18 @@ FG_LDMATRIX(fg_ldmatrix_x2_trans, uint2, "x2.trans", "{%0,%1}, [%2]", "=r"(r.x),
 """
 
 _CUDA_VECTOR_FIELDS = "xyzw"
+_RAW_VECTORS = {4: "unsigned", 8: "uint2", 16: "uint4"}   # bytes -> the CUDA type that moves them as raw bits
+
+
+def arch_number(arch: str) -> int:
+  """The compute capability of an "sm_XY" name as a number (sm_90 -> 90, sm_120 -> 120; 0 when unknown)."""
+  digits = arch.removeprefix("sm_").rstrip("af")
+  return int(digits) if digits.isdigit() else 0
 
 
 def shared_per_block(arch: str) -> int:
   """Shared memory one block may use (with the dynamic opt-in above 48 KB), per compute capability."""
-  return {"sm_80": 163, "sm_87": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227}.get(arch, 48) * 1024
+  return {80: 163, 87: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99}.get(arch_number(arch), 48) * 1024
 
 
 class CUDARenderer(CStyleRenderer):
@@ -393,7 +399,7 @@ class CUDARenderer(CStyleRenderer):
     super().__init__(device="CUDA", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
                      local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=shared_per_block(arch), arch=arch,
-                     tensor_cores=("m16n8k16",) if arch >= "sm_80" else ())
+                     tensor_cores=("m16n8k16",) if arch_number(arch) >= 80 else ())
 
   def prelude(self, uops: list[UOp]) -> str:
     total = self.shared_bytes(uops)[-1][1]
@@ -415,7 +421,7 @@ class CUDARenderer(CStyleRenderer):
     """A STORE into shared memory of a plain 4-, 8- or 16-byte load of a global buffer (the copies of STAGE), done
     with cp.async (sm_80 and later): the data skips the registers, and the copy runs on while the thread computes,
     until the next barrier waits for it."""
-    if self.arch < "sm_80" or u.op is not Ops.STORE or len(u.src) != 3 or u.src[0].op is not Ops.DEFINE_LOCAL:
+    if arch_number(self.arch) < 80 or u.op is not Ops.STORE or len(u.src) != 3 or u.src[0].op is not Ops.DEFINE_LOCAL:
       return False
     v = u.src[2]
     return v.op is Ops.LOAD and v.src[0].op is Ops.DEFINE_GLOBAL and v.dtype.itemsize in (4, 8, 16) and \
@@ -427,9 +433,14 @@ class CUDARenderer(CStyleRenderer):
     return super().render_load(u, r)
 
   def unrendered(self, uops: list[UOp]) -> set[UOp]:
-    """Global loads whose only consumers are asynchronous copies (the copy reads the memory itself)."""
-    copied = {u.src[2] for u in uops if self.async_copy(u)}
-    if not copied: return set()
+    """Global loads whose only consumers are asynchronous copies (the copy reads the memory itself). Checks that a
+    barrier waits for every asynchronous copy (STAGE makes each copy a source of the barrier after it)."""
+    asynchronous = [u for u in uops if self.async_copy(u)]
+    if not asynchronous: return set()
+    waited = {s for u in uops if u.op is Ops.BARRIER for s in u.src}
+    if any(u not in waited for u in asynchronous):
+      raise AssertionError("CUDA renderer: an asynchronous copy into shared memory that no barrier waits for")
+    copied = {u.src[2] for u in asynchronous}
     used = {s for u in uops if not self.async_copy(u) for s in u.src}
     return copied - used
 
@@ -462,11 +473,24 @@ class CUDARenderer(CStyleRenderer):
     return f"{head}{storage}* {u.arg.name} = ({storage}*)(fg_smem + {offset});"
 
   def type_name(self, dt: DType) -> str:
-    # vectors of 16-bit floats only ever move raw bits (the copies into shared memory): unsigned words hold them
-    if dt.count > 1 and self.soft16(dt.scalar): return {2: "unsigned", 4: "uint2", 8: "uint4"}[dt.count]
-    return super().type_name(dt)
+    # float32 vectors are float2/float4; vectors of any other dtype only ever move raw bits (the copies into shared
+    # memory, ldmatrix registers): unsigned words of the same size hold them
+    if dt.count == 1 or dt.scalar is dtypes.float32: return super().type_name(dt)
+    if dt.itemsize not in _RAW_VECTORS:
+      raise NotImplementedError(f"CUDA renderer: no type moves a {dt.name} ({dt.itemsize} bytes) as raw bits")
+    return _RAW_VECTORS[dt.itemsize]
 
   def vector_literal(self, parts: list[str], dt: DType) -> str: return f"make_{dt.name}({', '.join(parts)})"
+
+  def value(self, u: UOp, r) -> tuple[str, str]:
+    if u.op is Ops.VECTORIZE and u.dtype.scalar is not dtypes.float32:
+      # a raw vector is built only of zeros (a copied vector that lies wholly in padding): zero words
+      if not all(s.op is Ops.CONST and s.arg == 0 for s in u.src):
+        raise NotImplementedError(f"CUDA renderer: a {u.dtype.name} vector built from values (only raw copies)")
+      words = u.dtype.itemsize // 4
+      return "vec", "0u" if words == 1 else f"make_uint{words}({', '.join(['0u'] * words)})"
+    return super().value(u, r)
+
   def gep(self, vec: str, lane: int) -> str: return f"{vec}.{_CUDA_VECTOR_FIELDS[lane]}"
   def bitcast_expr(self, from_t: str, to_t: str, val: str) -> str: return f"fg_bitcast<{to_t}, {from_t}>({val})"
 

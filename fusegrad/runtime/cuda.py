@@ -171,8 +171,9 @@ class CUDAProgram:
   def _dynamic_shared(self) -> int:
     """Bytes of dynamic shared memory the kernel needs: the renderer leaves the number in `fg_dynamic_shared` when
     the block's arrays exceed the 48 KB of static shared memory; the kernel is then opted in to that much."""
-    err, ptr, size = driver.cuModuleGetGlobal(self.module, b"fg_dynamic_shared")
-    if int(err) != 0: return 0
+    err, ptr, _ = driver.cuModuleGetGlobal(self.module, b"fg_dynamic_shared")
+    if err == driver.CUresult.CUDA_ERROR_NOT_FOUND: return 0
+    check((err,), f"cuModuleGetGlobal({self.name}, fg_dynamic_shared)")
     value = ctypes.c_uint32()
     check(driver.cuMemcpyDtoH(ctypes.addressof(value), ptr, 4), "cuMemcpyDtoH(fg_dynamic_shared)")
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

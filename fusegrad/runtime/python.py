@@ -10,10 +10,10 @@ import time
 import pickle
 import numpy as np
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp
+from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad
 from fusegrad.device import Allocator, Compiler, Compiled
 from fusegrad.renderer.cstyle import Renderer
-from fusegrad.codegen.tensor_cores import MatrixLoad, a_pos, b_pos, c_pos, M, N, K
+from fusegrad.codegen.tensor_cores import a_pos, b_pos, c_pos, M, N, K
 
 
 class PythonRenderer(Renderer):
@@ -236,8 +236,10 @@ class _Interpreter:
     """ldmatrix across each warp: lane l's register j holds row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
     matrix j (transposed: rows 2 (l % 4) and 2 (l % 4) + 1, column l // 4), whose rows start at the addresses that
     lanes 8 j .. 8 j + 7 supply; two 16-bit values per register, low half first."""
-    _, dt, src, arg = prog[pc]
+    _, _, src, arg = prog[pc]
     (_, mem, base), idx = self._address(prog, v, [s for s in src if prog[s][0] is not Ops.BARRIER])
+    if (idx % 8 != 0).any():   # the hardware reads 16-byte rows: each row address must be 16-byte aligned
+      raise ValueError(f"PYTHON backend: ldmatrix row address {int(idx[idx % 8 != 0][0])} is not 16-byte aligned")
     flat = self.block * self.n_local + self.local
     lane = flat % 32
     bits = mem.view(np.uint16) if base is dtypes.float16 else (mem.view(np.uint32) >> 16).astype(np.uint16)
@@ -266,7 +268,8 @@ class _Interpreter:
       def unpack(reg) -> list:
         reg = np.broadcast_to(np.asarray(reg, dtype=np.uint32), (self.n,))
         halves = [(reg >> (16 * h)) & 0xFFFF for h in range(2)]
-        if arg.dtype_in is dtypes.float16: return [x.astype(np.uint16).view(np.float16).astype(np.float32) for x in halves]
+        if arg.dtype_in is dtypes.float16:
+          return [x.astype(np.uint16).view(np.float16).astype(np.float32) for x in halves]
         return [(x.astype(np.uint32) << 16).view(np.float32) for x in halves]
       vals = [x for reg in vals[0:6] for x in unpack(reg)] + list(vals[6:10])
     for i in range(8): a[(warp,) + a_pos(g, t, i)] = rnd(np.broadcast_to(vals[i], (self.n,)).astype(np.float32))

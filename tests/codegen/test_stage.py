@@ -28,17 +28,18 @@ import pytest
 from fusegrad import Tensor, dtypes
 from fusegrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.codegen.linearizer import linearize
-from fusegrad.codegen.tensor_cores import MatrixLoad
-from fusegrad.device import cuda_usable
 from fusegrad.engine.compile import kernel_for, render_kernel
 from fusegrad.engine.realize import compile_kernel, run_kernel, run_schedule
 from fusegrad.engine.schedule import create_schedule
-from fusegrad.uop import Ops
+from fusegrad.uop import MatrixLoad, Ops
+
+from fusegrad.device import Device, cuda_usable
+from fusegrad.renderer.cstyle import CUDARenderer, arch_number, shared_per_block
 
 try:
-  import cuda.bindings.nvrtc  # noqa: F401
+  from fusegrad.runtime.cuda import NVRTCCompiler
   HAVE_NVRTC = True
-except ImportError:
+except ImportError:   # cuda-bindings (the 'cuda' extra) is not installed
   HAVE_NVRTC = False
 
 TOL = {dtypes.float16: 2e-3, dtypes.bfloat16: 1e-2, dtypes.float32: 1e-5}
@@ -442,9 +443,8 @@ def check_no_plain_input_loads(src: str, inputs=("data1", "data2")):
 @pytest.fixture(scope="module")
 def cuda_arch():
   if not HAVE_NVRTC: pytest.skip("cuda-bindings (the 'cuda' extra) is not installed")
-  from fusegrad.device import Device
   arch = Device["CUDA"].renderer.arch
-  if arch < "sm_80": pytest.skip(f"{arch}: no cp.async or mma.sync")
+  if arch_number(arch) < 80: pytest.skip(f"{arch}: no cp.async or mma.sync")
   return arch
 
 
@@ -685,3 +685,35 @@ def test_staged_fp32_matmul_on_the_gpu(stages):
           Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.RASTER, 0, 2), Opt(OptOps.STAGE, 0, stages)]
   _, got = run_python(lambda x, y: x @ y, [a, b], dtypes.float32, opts, device="CUDA")
   check_close(got, a.astype(np.float64) @ b.astype(np.float64), dtypes.float32)
+
+
+# ***** found in review: raw copies of padding and of other dtypes, arch names *****
+
+@pytest.mark.parametrize("build,opts", [
+  (lambda a, b: a.pad(((0, 48), (0, 0))) @ b, [Opt(OptOps.TC), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.STAGE)]),
+  (lambda a, b: a.pad(((0, 48), (0, 0))).float() @ b,
+   [Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 8), Opt(OptOps.LOCAL, 0, 8),
+    Opt(OptOps.STAGE, 0, 2)]),
+])
+def test_copied_vectors_of_padding_are_zero_words(cuda_arch, build, opts):
+  """A copied 16-bit vector that lies wholly in padding is a literal of zero words (there is no make_half2)."""
+  _, ks = cuda_kernel(ast_of(build, [(16, 32), (32, 32)], dtypes.float16), opts)
+  assert "make_half" not in ks.src and re.search(r"(unsigned vec\d+ = 0u;|uint\d vec\d+ = make_uint\d\(0u)", ks.src)
+
+
+def test_raw_copies_of_any_dtype_compile_without_cp_async():
+  """Before sm_80 the copies are plain loads and stores: uint8 tiles move as unsigned words."""
+  if not HAVE_NVRTC: pytest.skip("cuda-bindings (the 'cuda' extra) is not installed")
+  ast = ast_of(lambda a, b: a.float() @ b, [(64, 64), (64, 64)], dtypes.uint8)
+  k = Kernel(ast, CUDARenderer("sm_75"))
+  for o in [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 8),
+            Opt(OptOps.UNROLL, 0, 16), Opt(OptOps.STAGE, 0, 3)]: k.apply_opt(o)
+  src = CUDARenderer("sm_75").render("k", linearize(k).uops)
+  assert "cp.async" not in src and re.search(r"\buint4 val", src) and "charx" not in src
+  assert NVRTCCompiler("sm_75").compile(src)[:4] == b"\x7fELF"
+
+
+def test_arch_names_compare_as_numbers():
+  assert [arch_number(a) for a in ("sm_75", "sm_90", "sm_90a", "sm_100", "sm_120", "bogus")] == [75, 90, 90, 100, 120, 0]
+  assert CUDARenderer("sm_120").tensor_cores and not CUDARenderer("sm_75").tensor_cores
+  assert shared_per_block("sm_100") == 227 * 1024 and shared_per_block("sm_75") == 48 * 1024
