@@ -96,6 +96,8 @@ class Lowerer:
     # staged load -> (shared array, view, offset); the copies of the next tiles, inside the reduce loops
     self.stage_views: dict[UOp, tuple[UOp, ShapeTracker, UOp | None]] = {}
     self.pipeline: list[UOp] = []
+    self.up_strides: dict = {}   # view -> its strides along the upcast axes (lane_access)
+    self.lane0: dict = {}        # (view, indices, zero_reduce) -> (indices, lane 0's (index, valid))
 
   def alu_vector_lanes(self) -> tuple[int, int] | None:
     """(upcast axis position, width) along which ALU ops work on whole vectors: the upcast axis along which the most
@@ -184,6 +186,21 @@ class Lowerer:
       idxs[ax] = UOp.const(dtypes.index, 0 if zero_reduce and self.k._is_reduce_axis(ax) else lane[self.slot_of[ax]])
     return [UOp.const(dtypes.index, 0) if i is None else i for i in idxs]
 
+  def lane_access(self, st, base_idxs, ln: tuple[int, ...], zero_reduce: bool) -> tuple[UOp, UOp]:
+    """(index, valid) of lane `ln` of an access through `st`. Where the view is affine along every upcast axis (and
+    its validity does not depend on them), lane 0's index is built once and the others add a constant offset."""
+    strides = self.up_strides.get(st)
+    if strides is None: strides = self.up_strides[st] = tuple(st.real_strides()[ax] for ax in self.up_axes)
+    if not all(isinstance(x, int) for x in strides): return st.expr_idxs(self.lane_indices(base_idxs, ln, zero_reduce))
+    key = (st, id(base_idxs), zero_reduce)
+    cached = self.lane0.get(key)
+    if cached is None or cached[0] is not base_idxs:
+      cached = self.lane0[key] = (base_idxs, st.expr_idxs(self.lane_indices(base_idxs, (0,) * len(ln), zero_reduce)))
+    idx, valid = cached[1]
+    offset = sum(0 if zero_reduce and self.k._is_reduce_axis(ax) else ln[self.slot_of[ax]] * stride
+                 for ax, stride in zip(self.up_axes, strides))
+    return (idx + offset if offset else idx), valid
+
   # ***** memory *****
   def vector_axis(self, st, dtype: DType) -> tuple[int, int] | None:
     """The upcast axis (position in lanes) and width for float4/float2 access of this view, if one fits."""
@@ -217,7 +234,7 @@ class Lowerer:
     lanes = sorted(set(self.lane_key(ln, zero_reduce) for ln in self.lanes))
     vec = self.vector_axis(st, dtype)
     for group in self.group_lanes(vec, lanes):
-      accesses = [st.expr_idxs(self.lane_indices(base_idxs, ln, zero_reduce)) for ln in group]
+      accesses = [self.lane_access(st, base_idxs, ln, zero_reduce) for ln in group]
       vectorize = len(group) > 1 and self.can_vectorize(accesses, len(group))
       if offset is not None: accesses = [(idx + offset, valid) for idx, valid in accesses]
       if len(group) > 1 and not vectorize:
@@ -258,7 +275,7 @@ class Lowerer:
     vec = self.vector_axis(st, dtype)
     stores = []
     for group in self.group_lanes(vec, lanes):
-      accesses = [st.expr_idxs(self.lane_indices(base_idxs, ln, zero_reduce)) for ln in group]
+      accesses = [self.lane_access(st, base_idxs, ln, zero_reduce) for ln in group]
       for _, valid in accesses:
         if not (valid.op is Ops.CONST and valid.arg): raise AssertionError("stores are always valid")
       if len(group) > 1 and self.can_vectorize(accesses, len(group)):
@@ -319,7 +336,7 @@ class Lowerer:
       if st is None: return [c] * len(self.lanes)
       out = []
       for ln in self.lanes:
-        _, valid = st.expr_idxs(self.lane_indices(idxs, self.lane_key(ln, zero_reduce), zero_reduce))
+        _, valid = self.lane_access(st, idxs, self.lane_key(ln, zero_reduce), zero_reduce)
         out.append(c if valid.op is Ops.CONST and valid.arg else valid.where(c, UOp.const(node.dtype, 0)))
       return out
     srcs = [self.values[s] for s in node.src]
