@@ -36,7 +36,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
   if k.reduceop is not None and k.group_for_reduces == 0: _unroll_reduce(k)
   _upcast_output(k)
   if k.opts.has_local and not k.dont_use_locals: _add_locals(k)
-  if _stages_matmul(k): _try(k, Opt(OptOps.STAGE, 0, 4))
+  if _stages_matmul(k): _try(k, Opt(OptOps.STAGE, 0, _ring(k, 4)))
   if k.opts.max_threads > 1: _use_cores(k)
   return k
 
@@ -145,7 +145,14 @@ def _tile_tensor_cores(k: Kernel) -> None:
     for amount in (4, 2):
       if k.full_shape[k.first_upcast - 1] % amount == 0 and _try(k, Opt(OptOps.UNROLL, loop, amount)): break
   _raster(k)
-  if not _try(k, Opt(OptOps.STAGE, 0, 3)): _try(k, Opt(OptOps.STAGE, 0, 2))
+  if not _try(k, Opt(OptOps.STAGE, 0, _ring(k, 3))): _try(k, Opt(OptOps.STAGE, 0, 2))
+
+
+def _ring(k: Kernel, stages: int) -> int:
+  """Tiles in a STAGE ring: at most one per iteration of the reduce loops (a longer ring would copy the first tiles
+  again, as it wraps, without hiding anything more), at least 2."""
+  trips = prod(_int(k.full_shape[a]) or stages for a in range(k.first_reduce + k.group_for_reduces, k.first_upcast))
+  return max(2, min(stages, trips))
 
 
 def _raster(k: Kernel) -> None:
