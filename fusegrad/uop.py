@@ -82,6 +82,13 @@ class MatrixLoad:
 
 
 @dataclass(frozen=True)
+class MaskedLoad:
+  """The arg of a vector LOAD whose lanes have validities of their own (a window of a padded row, as a conv reads):
+  src = (buffer, index of lane 0, one bool per lane, alternative); lane i reads index + i where its bool holds, else
+  0. The index need not be aligned to the vector."""
+
+
+@dataclass(frozen=True)
 class LocalArg:
   """DEFINE_LOCAL: a shared-memory array `name` of `size` elements."""
   name: str

@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 from fusegrad.helpers import prod
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg, MatrixLoad
+from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg, MatrixLoad, MaskedLoad
 from fusegrad.rewrite import graph_rewrite
 from fusegrad.symbolic import symbolic, simplify
 from fusegrad.shape.shapetracker import ShapeTracker
@@ -105,7 +105,8 @@ class Lowerer:
     if not self.opts.vector_alu: return None
     k = self.k
     def contiguous(j: int) -> int:
-      score = [any(st.real_strides()[ax] == 1 and st.shape[ax] == self.full_shape[ax] for ax in self.slots[j])
+      score = [any(st.real_strides(ignore_valid=True)[ax] == 1 and st.shape[ax] == self.full_shape[ax]
+                   for ax in self.slots[j])
                for st in k.sts]
       return score[0] + 2 * sum(score[1:])
     best, best_score = None, (0, 0)
@@ -205,7 +206,8 @@ class Lowerer:
   def vector_axis(self, st, dtype: DType) -> tuple[int, int] | None:
     """The upcast axis (position in lanes) and width for float4/float2 access of this view, if one fits."""
     if not self.opts.supports_float4 or dtype not in self.opts.vector_dtypes: return None
-    strides = st.real_strides()
+    # contiguity regardless of padding: lanes whose validities differ become a masked load (window_load) or scalars
+    strides = st.real_strides(ignore_valid=True)
     order = list(self.up_axes)
     if self.valu is not None: order.sort(key=lambda ax: self.slot_of[ax] != self.valu[0])
     for ax in order:
@@ -238,7 +240,9 @@ class Lowerer:
       vectorize = len(group) > 1 and self.can_vectorize(accesses, len(group))
       if offset is not None: accesses = [(idx + offset, valid) for idx, valid in accesses]
       if len(group) > 1 and not vectorize:
-        for ln, acc in zip(group, accesses): out[ln] = self.emit_load(buf, acc, dtype, barrier)
+        window = self.window_load(buf, accesses, dtype, barrier)
+        for i, (ln, acc) in enumerate(zip(group, accesses)):
+          out[ln] = UOp(Ops.GEP, dtype, (window,), i) if window is not None else self.emit_load(buf, acc, dtype, barrier)
         continue
       if len(group) == 1:
         out[group[0]] = self.emit_load(buf, accesses[0], dtype, barrier)
@@ -246,6 +250,24 @@ class Lowerer:
       vload = self.emit_load(buf, accesses[0], dtype.vec(len(group)), barrier)
       for i, ln in enumerate(group): out[ln] = UOp(Ops.GEP, dtype, (vload,), i)
     return [out[self.lane_key(ln, zero_reduce)] for ln in self.lanes]
+
+  def window_load(self, buf: UOp, accesses: list[tuple[UOp, UOp]], dtype: DType, barrier: UOp | None) -> UOp | None:
+    """On devices with vector arithmetic, consecutive lanes whose validities differ (a padded row: a conv's image
+    shifted by its kernel offset) as one masked vector load (MaskedLoad), or None where the lanes are not
+    consecutive floats."""
+    if not self.opts.vector_alu or not dtypes.is_float(dtype) or dtype not in self.opts.vector_dtypes: return None
+    idx0 = accesses[0][0]
+    if any(not self.is_const(idx - idx0, i) for i, (idx, _) in enumerate(accesses)): return None
+    valids = tuple(valid for _, valid in accesses)
+    if all(v.op is Ops.CONST and not v.arg for v in valids): return None   # nothing to read: scalar zeros fold away
+    alt = UOp(Ops.VECTORIZE, dtype.vec(len(accesses)), (UOp.const(dtype, 0),) * len(accesses))
+    extra = (barrier,) if barrier is not None else ()
+    return UOp(Ops.LOAD, dtype.vec(len(accesses)), (buf, idx0) + valids + (alt,) + extra, MaskedLoad())
+
+  @staticmethod
+  def is_const(x: UOp, value: int) -> bool:
+    x = simplify(x)
+    return x.op is Ops.CONST and x.arg == value
 
   def lane_key(self, ln: tuple[int, ...], zero_reduce: bool) -> tuple[int, ...]:
     if not zero_reduce: return ln
@@ -384,20 +406,25 @@ class Lowerer:
   def vector_accumulate(self, op: Ops, dtype: DType, values: list[UOp], lanes_to_acc: dict, enclosing: tuple,
                         loops: tuple[UOp, ...], lanes: list[tuple[int, ...]]) -> dict | None:
     """One vector accumulator per group of lanes along the vector axis (when every group's values are a real
-    vector); after the loop, each output combines its lanes' partials in a balanced tree."""
+    vector), or, past MAX_PARTIAL_ACCS groups, one per group of outputs, updated by each of its groups in turn (a
+    conv's unrolled kernel taps); after the loop, each output combines its lanes' partials in a balanced tree."""
     groups = self.group_lanes(self.valu, lanes)
     if any(len(g) != self.valu[1] for g in groups): return None   # the vector slot is not one this reduce varies along
     position = {ln: i for i, ln in enumerate(lanes)}
     vecs = [self.as_vector([values[position[ln]] for ln in g]) for g in groups]
-    if len(groups) > MAX_PARTIAL_ACCS or not all(real for _, real in vecs): return None
+    if not all(real for _, real in vecs): return None
+    split = len(groups) <= MAX_PARTIAL_ACCS
     ident = self.reduce_identity(op, dtype)
     by_keys: dict[tuple, list[UOp]] = {}   # accumulators whose lanes feed the same outputs, lane for lane
     for group, (vec, _) in zip(groups, vecs):
-      vdt = dtype.vec(len(group))
-      acc = UOp(Ops.DEFINE_ACC, vdt, (UOp(Ops.VECTORIZE, vdt, (ident,) * len(group)),) + enclosing, self.acc_count)
-      self.acc_count += 1
-      by_keys.setdefault(tuple(lanes_to_acc[ln] for ln in group), []).append(
-        UOp(Ops.PHI, vdt, (acc, UOp(op, vdt, (acc, vec))) + loops))
+      vdt, keys = dtype.vec(len(group)), tuple(lanes_to_acc[ln] for ln in group)
+      if split or keys not in by_keys:
+        acc = UOp(Ops.DEFINE_ACC, vdt, (UOp(Ops.VECTORIZE, vdt, (ident,) * len(group)),) + enclosing, self.acc_count)
+        self.acc_count += 1
+        by_keys.setdefault(keys, []).append(UOp(Ops.PHI, vdt, (acc, UOp(op, vdt, (acc, vec))) + loops))
+      else:   # the same accumulator again: chain the update
+        acc = by_keys[keys][-1]
+        by_keys[keys][-1] = UOp(Ops.PHI, vdt, (acc, UOp(op, vdt, (acc, vec))) + loops)
     partials: dict[tuple, list[UOp]] = {}
     for keys, accs in by_keys.items():
       total = _tree(op, accs[0].dtype, accs)   # whole vectors first, then lanes that share an output

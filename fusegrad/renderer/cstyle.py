@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad
+from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad, MaskedLoad
 from fusegrad.symbolic import simplify
 
 
@@ -198,6 +198,8 @@ class CStyleRenderer(Renderer):
       typedefs.append(f"static inline {d.name} fg_max_{d.name}({d.name} a, {d.name} b) {{ "
                       f"__typeof__(a > b) m = (a != a) | (a > b); "
                       f"return ({d.name})((m & (__typeof__(m))a) | (~m & (__typeof__(m))b)); }}")
+    for d in sorted({u.dtype for u in uops if isinstance(u.arg, MaskedLoad)}, key=lambda d: d.name):
+      typedefs.append(masked_load(d))
     for d in sorted({u.dtype for u in uops if u.op is Ops.EXP2 and u.dtype.count > 1}, key=lambda d: d.name):
       generic = VECTOR_EXP2.replace("V", d.name)
       if d.count == 16 and d.scalar is dtypes.float32:   # AVX-512 has the pieces as single instructions
@@ -292,6 +294,9 @@ class CStyleRenderer(Renderer):
   def render_load(self, u: UOp, r) -> str:
     src = [s for s in u.src if s.op is not Ops.BARRIER]
     buf, idx = r(src[0]), r(src[1])
+    if isinstance(u.arg, MaskedLoad):   # lane i reads buf[idx + i] where valid i holds: a bit mask of the valids
+      mask = " | ".join(f"((unsigned)({r(v)}) << {i})" for i, v in enumerate(src[2:2 + u.dtype.count]))
+      return f"fg_maskload_{u.dtype.name}({buf}+{idx}, {mask})"
     soft = self.soft16(src[0].dtype.base)
     if u.dtype.count > 1: value = self.vector_load(u.dtype, buf, idx)
     elif soft: value = f"fg_{soft}_load({buf}[{idx}])"
@@ -305,6 +310,20 @@ class CStyleRenderer(Renderer):
     soft = self.soft16(buf.dtype.base)
     if soft: return f"{r(buf)}[{idx}] = fg_{soft}_store({r(val)});"
     return f"{r(buf)}[{idx}] = {r(val)};"
+
+
+def masked_load(d: DType) -> str:
+  """C for fg_maskload_<d>(p, m): lanes i with bit i of m read p[i], the others are 0 (and read nothing, so a window
+  hanging over a buffer's end is safe). AVX-512 has it as one instruction; elsewhere a loop GCC turns into selects."""
+  intrinsic = {4: ("__AVX512VL__", "_mm_maskz_loadu_ps", "__mmask8"), 8: ("__AVX512VL__", "_mm256_maskz_loadu_ps",
+               "__mmask8"), 16: ("__AVX512F__", "_mm512_maskz_loadu_ps", "__mmask16")}.get(d.count)
+  fallback = (f"{d.name} v = {{0}}; for (int i = 0; i < {d.count}; i++) if ((m >> i) & 1u) v[i] = p[i]; "
+              f"return v;")
+  head = f"static inline {d.name} fg_maskload_{d.name}(const float* p, unsigned m) {{"
+  if d.scalar is not dtypes.float32 or intrinsic is None: return f"{head} {fallback} }}"
+  guard, fn, mask_t = intrinsic
+  return (f"#if defined({guard})\n#include <immintrin.h>\n{head} return ({d.name}){fn}(({mask_t})m, p); }}\n"
+          f"#else\n{head} {fallback} }}\n#endif")
 
 
 @functools.cache
