@@ -206,8 +206,9 @@ class Lowerer:
   def vector_axis(self, st, dtype: DType) -> tuple[int, int] | None:
     """The upcast axis (position in lanes) and width for float4/float2 access of this view, if one fits."""
     if not self.opts.supports_float4 or dtype not in self.opts.vector_dtypes: return None
-    # contiguity regardless of padding: lanes whose validities differ become a masked load (window_load) or scalars
-    strides = st.real_strides(ignore_valid=True)
+    # on devices with vector arithmetic, contiguity regardless of padding: lanes whose validities differ become one
+    # masked load (window_load)
+    strides = st.real_strides(ignore_valid=self.opts.vector_alu)
     order = list(self.up_axes)
     if self.valu is not None: order.sort(key=lambda ax: self.slot_of[ax] != self.valu[0])
     for ax in order:
