@@ -279,8 +279,8 @@ def _unroll_reduce(k: Kernel) -> None:
   elif size % 4 == 0 and k.upcast_size() <= (64 if k.opts.has_local else 16):
     # an 8x8 FMA tile on a GPU keeps 64 accumulators: unrolling by 2 left more registers (4.6 vs 5.7 ms, NOTES run
     # 10), unless the tiles are staged through shared memory (then 4: a tile of 4 k per barrier, NOTES run 11)
-    staged = k.opts.has_shared and k.first_upcast - k.first_reduce == 1
-    _try(k, Opt(OptOps.UNROLL, axis, 2 if k.opts.has_local and k.upcast_size() >= 64 and not staged else 4))
+    by_two = k.opts.has_local and k.upcast_size() >= 64 and not _stages_matmul(k)
+    _try(k, Opt(OptOps.UNROLL, axis, 2 if by_two else 4))
 
 
 def _upcast_output(k: Kernel) -> None:

@@ -431,7 +431,6 @@ class Kernel:
     rows = self.full_shape[self.global_dims - 2]
     _check(isinstance(rows, int) and opt.amount is not None and opt.amount > 1 and rows % opt.amount == 0,
            f"{opt}: {opt.amount} must divide the grid's {rows} rows")
-    _check(self.raster == 0, f"{opt}: the block order is set already")
     self.raster = opt.amount
 
   def _tc_axes(self, a: UOp, b: UOp):

@@ -86,9 +86,8 @@ class Lowerer:
     self.slot_of = {ax: j for j, slot in enumerate(self.slots) for ax in slot}
     self.up_sizes = [self.full_shape[slot[0]] for slot in self.slots]
     self.reduce_slots = [all(k._is_reduce_axis(ax) for ax in slot) for slot in self.slots]   # lanes of reduce axes
+    self.up_reduce = [k._is_reduce_axis(ax) for ax in self.up_axes]   # upcast axes that are unrolled reduce axes
     self.lanes = list(itertools.product(*[range(s) for s in self.up_sizes]))
-    self.buf_uops = {b.arg: b for b in k.bufs}
-    self.load_cache: dict[tuple, list[UOp]] = {}
     self.acc_count = 0
     self.reduce_loops: tuple[UOp, ...] = ()
     self.lane_index = {ln: i for i, ln in enumerate(self.lanes)}
@@ -183,8 +182,8 @@ class Lowerer:
 
   def lane_indices(self, base: list[UOp | None], lane: tuple[int, ...], zero_reduce: bool) -> list[UOp]:
     idxs = list(base)
-    for ax in self.up_axes:
-      idxs[ax] = UOp.const(dtypes.index, 0 if zero_reduce and self.k._is_reduce_axis(ax) else lane[self.slot_of[ax]])
+    for ax, red in zip(self.up_axes, self.up_reduce):
+      idxs[ax] = UOp.const(dtypes.index, 0 if zero_reduce and red else lane[self.slot_of[ax]])
     return [UOp.const(dtypes.index, 0) if i is None else i for i in idxs]
 
   def lane_access(self, st, base_idxs, ln: tuple[int, ...], zero_reduce: bool) -> tuple[UOp, UOp]:
@@ -198,8 +197,8 @@ class Lowerer:
     if cached is None or cached[0] is not base_idxs:
       cached = self.lane0[key] = (base_idxs, st.expr_idxs(self.lane_indices(base_idxs, (0,) * len(ln), zero_reduce)))
     idx, valid = cached[1]
-    offset = sum(0 if zero_reduce and self.k._is_reduce_axis(ax) else ln[self.slot_of[ax]] * stride
-                 for ax, stride in zip(self.up_axes, strides))
+    offset = sum(0 if zero_reduce and red else ln[self.slot_of[ax]] * stride
+                 for ax, red, stride in zip(self.up_axes, self.up_reduce, strides))
     return (idx + offset if offset else idx), valid
 
   # ***** memory *****
@@ -243,7 +242,7 @@ class Lowerer:
       if len(group) > 1 and not vectorize:
         window = self.window_load(buf, accesses, dtype, barrier)
         for i, (ln, acc) in enumerate(zip(group, accesses)):
-          out[ln] = UOp(Ops.GEP, dtype, (window,), i) if window is not None else self.emit_load(buf, acc, dtype, barrier)
+          out[ln] = self.emit_load(buf, acc, dtype, barrier) if window is None else UOp(Ops.GEP, dtype, (window,), i)
         continue
       if len(group) == 1:
         out[group[0]] = self.emit_load(buf, accesses[0], dtype, barrier)
@@ -277,10 +276,7 @@ class Lowerer:
   def can_vectorize(self, accesses: list[tuple[UOp, UOp]], width: int) -> bool:
     (idx0, valid0) = accesses[0]
     if any(v is not valid0 for _, v in accesses): return False
-    def is_const(x: UOp, value: int) -> bool:
-      x = simplify(x)
-      return x.op is Ops.CONST and x.arg == value
-    return is_const(idx0 % width, 0) and all(is_const(idx - idx0, i) for i, (idx, _) in enumerate(accesses))
+    return self.is_const(idx0 % width, 0) and all(self.is_const(idx - idx0, i) for i, (idx, _) in enumerate(accesses))
 
   def emit_load(self, buf: UOp, access: tuple[UOp, UOp], dtype: DType, barrier: UOp | None) -> UOp:
     idx, valid = access

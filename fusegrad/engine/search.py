@@ -4,7 +4,8 @@ The beam starts from the unoptimized kernel and the hand-coded opts. Each round 
 Opt from a fixed action list, compiles the new candidates in worker processes (a candidate whose compile fails or
 hangs past its timeout is dropped, never the search), times them on scratch buffers, checks each winner's output
 against the unoptimized kernel on the same inputs, and keeps the fastest `BEAM` ones. The search stops when a round
-brings no gain or the `BEAM_BUDGET` seconds are spent. Results persist on disk, keyed by the kernel AST, device, arch and fusegrad version, so a second run costs one lookup.
+brings no gain or the `BEAM_BUDGET` seconds are spent. Results persist on disk, keyed by the kernel AST, device,
+arch and fusegrad version, so a second run costs one lookup.
 """
 from __future__ import annotations
 import hashlib

@@ -292,7 +292,7 @@ class CStyleRenderer(Renderer):
     raise NotImplementedError(f"WMMA is not supported by the {self.device} renderer")
 
   def render_load(self, u: UOp, r) -> str:
-    src = [s for s in u.src if s.op is not Ops.BARRIER]
+    src = memory_srcs(u)
     buf, idx = r(src[0]), r(src[1])
     if isinstance(u.arg, MaskedLoad):   # lane i reads buf[idx + i] where valid i holds: a bit mask of the valids
       mask = " | ".join(f"((unsigned)({r(v)}) << {i})" for i, v in enumerate(src[2:2 + u.dtype.count]))
@@ -310,6 +310,11 @@ class CStyleRenderer(Renderer):
     soft = self.soft16(buf.dtype.base)
     if soft: return f"{r(buf)}[{idx}] = fg_{soft}_store({r(val)});"
     return f"{r(buf)}[{idx}] = {r(val)};"
+
+
+def memory_srcs(u: UOp) -> tuple[UOp, ...]:
+  """A LOAD's sources without the barriers it is ordered after: (buffer, index[, valid..., alternative])."""
+  return tuple(s for s in u.src if s.op is not Ops.BARRIER)
 
 
 def masked_load(d: DType) -> str:
@@ -444,7 +449,7 @@ class CUDARenderer(CStyleRenderer):
       return False
     v = u.src[2]
     return v.op is Ops.LOAD and v.src[0].op is Ops.DEFINE_GLOBAL and v.dtype.itemsize in (4, 8, 16) and \
-        len([s for s in v.src if s.op is not Ops.BARRIER]) == 2
+        len(memory_srcs(v)) == 2
 
   def render_load(self, u: UOp, r) -> str:
     if isinstance(u.arg, MatrixLoad):
@@ -459,8 +464,8 @@ class CUDARenderer(CStyleRenderer):
     waited = {s for u in uops if u.op is Ops.BARRIER for s in u.src}
     if any(u not in waited for u in asynchronous):
       raise AssertionError("CUDA renderer: an asynchronous copy into shared memory that no barrier waits for")
-    copied = {u.src[2] for u in asynchronous}
-    used = {s for u in uops if not self.async_copy(u) for s in u.src}
+    copied, copies = {u.src[2] for u in asynchronous}, set(asynchronous)
+    used = {s for u in uops if u not in copies for s in u.src}
     return copied - used
 
   def render_store(self, u: UOp, r) -> str:
@@ -531,7 +536,7 @@ class CUDARenderer(CStyleRenderer):
   def raw_pair(lo: UOp, hi: UOp, r) -> str | None:
     """The 32-bit register of two 16-bit values read by plain (ungated) loads of one buffer, or None."""
     def plain(x: UOp) -> tuple[UOp, ...] | None:
-      src = tuple(s for s in x.src if s.op is not Ops.BARRIER) if x.op is Ops.LOAD else ()
+      src = memory_srcs(x) if x.op is Ops.LOAD else ()
       ok = len(src) == 2 and src[0].op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL) and src[0].dtype.base.itemsize == 2
       return src if ok else None
     if not ((lo_src := plain(lo)) and (hi_src := plain(hi))): return None
