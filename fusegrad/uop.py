@@ -82,6 +82,28 @@ class MatrixLoad:
 
 
 @dataclass(frozen=True)
+class WGMMAArg:
+  """The arg of a WMMA that is one wgmma.mma_async m64nNk16 of a warpgroup (4 warps; sm_90a), fp32 accumulation:
+  src = (A's shared array, A's origin, B's shared array, B's origin, this thread's N/2 accumulators[, the barrier
+  after which the tiles are ready]); dtype float.vec(N/2). Thread (w, g, t) of the warpgroup holds
+  D[16 w + g + 8 (i // 2 % 2), 8 (i // 4) + 2 t + i % 2] in accumulator i: the m16n8 C fragments of N / 8 tiles
+  side by side. The tiles are 128-byte swizzled (codegen/tensor_cores.py); an operand is K-major (`trans` False: a
+  row of its tile holds 64 k of one m or n) or MN-major (True: a row holds 64 m or n of one k); `lbo_*` are the
+  descriptors' leading byte offsets, in elements (MN-major: from one 64-column panel to the next); 8-row groups are
+  SBO elements apart."""
+  SBO = 512
+  dtype_in: DType
+  n: int
+  trans_a: bool
+  trans_b: bool
+  lbo_a: int
+  lbo_b: int
+
+  @property
+  def dims(self) -> tuple[int, int, int]: return (64, self.n, 16)
+
+
+@dataclass(frozen=True)
 class MaskedLoad:
   """The arg of a vector LOAD whose lanes have validities of their own (a window of a padded row, as a conv reads):
   src = (buffer, index of lane 0, one bool per lane, alternative); lane i reads index + i where its bool holds, else
@@ -90,9 +112,10 @@ class MaskedLoad:
 
 @dataclass(frozen=True)
 class LocalArg:
-  """DEFINE_LOCAL: a shared-memory array `name` of `size` elements."""
+  """DEFINE_LOCAL: a shared-memory array `name` of `size` elements, its start aligned to `align` bytes."""
   name: str
   size: int
+  align: int = 16
 
 
 @dataclass(frozen=True)

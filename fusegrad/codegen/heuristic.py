@@ -9,7 +9,7 @@ devices with thread blocks, give each block up to 256 threads along the global a
 from __future__ import annotations
 from fusegrad.helpers import prod
 from fusegrad.codegen.kernel import Kernel, Opt, OptOps, KernelOptError
-from fusegrad.codegen.tensor_cores import match_matmul
+from fusegrad.codegen.tensor_cores import match_matmul, WGMMA
 
 
 def _try(k: Kernel, opt: Opt) -> bool:
@@ -108,44 +108,70 @@ def _use_cores(k: Kernel) -> None:
     if _try(k, Opt(OptOps.THREAD, 0, n)): return
 
 
+def _tc_global_axes(k: Kernel) -> tuple[list[int], list[int]]:
+  """The global M and N axes of a TC kernel (A moves along M, B along N)."""
+  plan = k.tensor_core
+  sa, sb = (k.sts[k.accesses.index(x)].real_strides() for x in (plan.a, plan.b))
+  return [i for i in range(k.global_dims) if sa[i] != 0 and sb[i] == 0], \
+      [i for i in range(k.global_dims) if sb[i] != 0 and sa[i] == 0]
+
+
+def _split(k: Kernel, op: OptOps, which: int, amounts: tuple[int, ...], nth: int = -1) -> bool:
+  """Apply `op` to the TC kernel's M (which 0) or N (1) global axis with the first amount that fits."""
+  found = _tc_global_axes(k)[which]
+  axis = found[nth] if len(found) >= abs(nth) else None
+  if axis is None or not isinstance(k.full_shape[axis], int): return False
+  return any(k.full_shape[axis] % amount == 0 and _try(k, Opt(op, axis, amount)) for amount in amounts)
+
+
+def _unroll_k(k: Kernel, amounts: tuple[int, ...]) -> bool:
+  """Unroll what is left of K after the TC's 16 (the one reduce loop of a matmul) by the first amount that fits."""
+  loop = k.first_upcast - 1 - k.first_reduce
+  if loop < 0 or not isinstance(k.full_shape[k.first_upcast - 1], int): return False
+  return any(k.full_shape[k.first_upcast - 1] % amount == 0 and _try(k, Opt(OptOps.UNROLL, loop, amount))
+             for amount in amounts)
+
+
 def _tile_tensor_cores(k: Kernel) -> None:
   """Several m16n8k16 tiles per warp (register tiling: each loaded fragment feeds more than one WMMA), and on
-  devices with shared memory several warps per block sharing staged tiles. Timed on the H200 (bench/NOTES.md run
-  11, fp16 8192^3): 4 N x 4 M tiles per warp, 2 x 4 warps (a 128 x 128 block), K unrolled by 4 (a 64-deep tile),
-  blocks rastered in groups of 16 rows and a ring of 3 tiles: 3.1 ms; 8 N x 4 M tiles per warp in one-warp blocks
-  without staging (the old default) 10.8 ms.
+  devices with shared memory several warps per block sharing staged tiles, read by wgmma where the device has it
+  (_wgmma_tiles). Timed on the H200 (bench/NOTES.md run 11, fp16 8192^3) without wgmma: 4 N x 4 M tiles per warp,
+  2 x 4 warps (a 128 x 128 block), K unrolled by 4 (a 64-deep tile), blocks rastered in groups of 16 rows and a
+  ring of 3 tiles: 3.1 ms; 8 N x 4 M tiles per warp in one-warp blocks without staging (the old default) 10.8 ms.
   Each step falls back to smaller amounts where the matrix is too small."""
-  def axes() -> tuple[list[int], list[int]]:   # the global M and N axes (A moves along M, B along N)
-    plan = k.tensor_core
-    sa, sb = (k.sts[k.accesses.index(x)].real_strides() for x in (plan.a, plan.b))
-    return [i for i in range(k.global_dims) if sa[i] != 0 and sb[i] == 0], \
-        [i for i in range(k.global_dims) if sb[i] != 0 and sa[i] == 0]
-  def split(op: OptOps, which: int, amounts: tuple[int, ...], nth: int = -1) -> None:
-    found = axes()[which]
-    axis = found[nth] if len(found) >= abs(nth) else None
-    if axis is None or not isinstance(k.full_shape[axis], int): return
-    for amount in amounts:
-      if k.full_shape[axis] % amount == 0 and _try(k, Opt(op, axis, amount)): return
   if k.first_upcast - k.first_reduce > 1:   # a conv: tiles of 4 M x (up to 8) N x 2 rows; no staging (padding)
-    split(OptOps.UPCAST, 0, (4, 2))
-    before = len(axes()[1])
-    split(OptOps.UPCAST, 1, (8, 7, 6, 5, 4, 3, 2))
-    split(OptOps.UPCAST, 1, (2,), nth=-1 if len(axes()[1]) < before else -2)   # the next N axis (image rows)
+    _split(k, OptOps.UPCAST, 0, (4, 2))
+    before = len(_tc_global_axes(k)[1])
+    _split(k, OptOps.UPCAST, 1, (8, 7, 6, 5, 4, 3, 2))
+    _split(k, OptOps.UPCAST, 1, (2,), nth=-1 if len(_tc_global_axes(k)[1]) < before else -2)   # the next N axis
     return
   if not k.opts.has_shared:
-    split(OptOps.UPCAST, 1, (8, 4, 2))
-    split(OptOps.UPCAST, 0, (4, 2))
+    _split(k, OptOps.UPCAST, 1, (8, 4, 2))
+    _split(k, OptOps.UPCAST, 0, (4, 2))
     return
-  split(OptOps.UPCAST, 1, (4, 2))
-  split(OptOps.UPCAST, 0, (4, 2))
-  split(OptOps.LOCAL, 0, (2,))
-  split(OptOps.LOCAL, 1, (4, 2))
-  loop = k.first_upcast - 1 - k.first_reduce   # what is left of K after the TC's 16
-  if loop >= 0 and isinstance(k.full_shape[k.first_upcast - 1], int):
-    for amount in (4, 2):
-      if k.full_shape[k.first_upcast - 1] % amount == 0 and _try(k, Opt(OptOps.UNROLL, loop, amount)): break
+  if _wgmma_tiles(k): return
+  _split(k, OptOps.UPCAST, 1, (4, 2))
+  _split(k, OptOps.UPCAST, 0, (4, 2))
+  _split(k, OptOps.LOCAL, 0, (2,))
+  _split(k, OptOps.LOCAL, 1, (4, 2))
+  _unroll_k(k, (4, 2))
   _raster(k)
   if not _try(k, Opt(OptOps.STAGE, 0, _ring(k, 3))): _try(k, Opt(OptOps.STAGE, 0, 2))
+
+
+def _wgmma_tiles(k: Kernel) -> bool:
+  """On a device with warpgroup MMAs (sm_90): 2 warpgroups along M, each 64 x 128 (one wgmma m64n128k16 per
+  k-step), 64-deep tiles in a ring of 4, read by wgmma straight from shared memory (STAGE 1). Planned on a trial
+  copy of the kernel and applied only when every step fits (else the mma.sync tiles are used)."""
+  if WGMMA not in k.opts.tensor_cores: return False
+  trial = Kernel(k.ast, k.opts)
+  for opt in k.applied_opts: trial.apply_opt(opt)
+  if not (_split(trial, OptOps.LOCAL, 0, (4,)) and (_split(trial, OptOps.LOCAL, 0, (2,)) or True) and
+          _split(trial, OptOps.UPCAST, 1, (16, 8)) and _unroll_k(trial, (4,))): return False
+  _raster(trial)
+  if not (_try(trial, Opt(OptOps.STAGE, 1, _ring(trial, 4))) or _try(trial, Opt(OptOps.STAGE, 1, 2))): return False
+  for opt in trial.applied_opts[len(k.applied_opts):]: k.apply_opt(opt)
+  return True
 
 
 def _ring(k: Kernel, stages: int) -> int:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from fusegrad.helpers import prod, dedup
-from fusegrad.uop import UOp, Ops
+from fusegrad.uop import UOp, Ops, WGMMAArg
 from fusegrad.shape.shapetracker import ShapeTracker
 from fusegrad.renderer.cstyle import Renderer
-from fusegrad.codegen.tensor_cores import TCPlan, match_matmul, M as TC_M, N as TC_N, K as TC_K
+from fusegrad.codegen.tensor_cores import TCPlan, match_matmul, M as TC_M, N as TC_N, K as TC_K, WGMMA, PANEL, WG_M
 
 
 class OptOps(Enum):
@@ -45,6 +45,23 @@ class StagedLoad:
   row: int                     # how many of the last axes make the contiguous run (0: the last one is gathered)
   elements: int                # elements one tile copies
   size: int                    # elements of one tile's array, padding included (a multiple of 16 bytes)
+  swizzled: bool = False       # STAGE 1 (wgmma): no padding; `strides` are of the plain [rows][run] matrix, which
+                               # is stored in panels of 64 columns, 128-byte swizzled (tensor_cores.panel_offset)
+
+  @property
+  def run(self) -> int:
+    """Columns of the tile: the elements of its contiguous run."""
+    return self.elements if self.row == len(self.axes) else self.strides[len(self.axes) - self.row - 1]
+
+
+@dataclass(frozen=True)
+class WGMMAPlan:
+  """STAGE 1: the TC kernel's two staged tiles feed warpgroup MMAs (wgmma), which read them straight from shared
+  memory. One wgmma covers the warpgroup's 64 rows of M (the first LOCAL after TC is the warp within the group)
+  and N = 8 x the upcast `n_axes` (N tiles, fastest first); each lane of the other upcast axes (M tiles, unrolled
+  K) is one more wgmma."""
+  n_axes: tuple[int, ...]
+  arg: WGMMAArg
 
 
 class KernelOptError(ValueError):
@@ -82,6 +99,7 @@ class Kernel:
     self.threads = 1   # CPU: axis 0 is split across this many cores (THREAD)
     self.staged: list[StagedLoad] = []   # loads read through shared memory (STAGE), in a ring of `stages` tiles
     self.stages = 0
+    self.wgmma: WGMMAPlan | None = None   # STAGE 1: the tensor cores read the staged tiles themselves
     self.raster = 0   # launch order of the blocks: groups of this many rows of the grid (RASTER)
     # reduce axes last, then drop size-1 axes and merge what can be merged
     reduce_axes = [i for i in range(self.shape_len) if self._is_reduce_axis(i)]
@@ -308,7 +326,7 @@ class Kernel:
       self.shift_to(axis, amount, insert_before=None)
       self.upcasted += 1
       # tensor-core kernels lower fragments, not lanes: the 16 K lanes of each mma do not count against the limit
-      limit = 256 * (16 if self.tensor_core is not None else 1)
+      limit = 256 * (32 if self.tensor_core is not None else 1)
       _check(self.lane_count() <= limit, f"{opt}: more than {limit} upcasted elements")
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
       # after TC the warp's own ids (g, t) stay the last two local axes: new ones (warps per block) go before them
@@ -378,11 +396,17 @@ class Kernel:
     """Read the reduce's loads that several threads of a block share (matmul: a row of A for every thread of a
     column of the block) from shared memory, filled by the whole block once per iteration of the reduce loops.
     `amount` tiles per load (default 2) form a ring: the copies run that many iterations minus one ahead of the
-    compute. The last opt of a kernel."""
+    compute. `axis` is the tiles' reader: 0 the threads (rows padded against bank conflicts), 1 the tensor cores
+    through wgmma (a TC kernel's two operands, 128-byte swizzled: WGMMAPlan). The last opt of a kernel."""
+    _check(opt.axis in (None, 0, 1), f"{opt}: axis picks the tiles' reader: 0 (the threads) or 1 (wgmma)")
+    wgmma = opt.axis == 1
     _check(self.opts.has_shared and self.opts.has_local and not self.dont_use_locals and self.local_dims > 0,
            "STAGE: needs thread blocks with shared memory (and a LOCAL axis)")
     _check(self.reduceop is not None and not self.multireduce and self.group_for_reduces == 0,
            "STAGE: needs one reduce that is not grouped")
+    _check(not wgmma or (WGMMA in self.opts.tensor_cores and self.tensor_core is not None),
+           f"{opt}: wgmma needs a TC kernel on a device with warpgroup MMAs (sm_90), not {self.opts.device} "
+           f"{self.opts.arch}")
     fs = self.full_shape
     _check(all(isinstance(s, int) for s in fs[self.global_dims:]), f"STAGE: the block's shape {fs} is symbolic")
     block, lanes = list(range(self.global_dims, self.first_reduce)), self.upcasted_axes()
@@ -391,9 +415,10 @@ class Kernel:
     _check(not looped or 2 <= stages <= 8, f"{opt}: 2 to 8 tiles per load in a reduce loop (one is being read "
                                            f"while the next arrives)")
     threads = self.thread_count()
+    operands = (self.tensor_core.a, self.tensor_core.b) if wgmma else ()
     staged, total = [], 0
     for i in self.phases[self.reduceop][0]:
-      if self.accesses[i].op is not Ops.LOAD: continue
+      if self.accesses[i].op is not Ops.LOAD or (wgmma and self.accesses[i] not in operands): continue
       st = self.sts[i]
       strides = st.real_strides()
       def varies(ax: int) -> bool: return fs[ax] > 1 and st.shape[ax] != 1 and strides[ax] != 0  # noqa: B023
@@ -404,10 +429,12 @@ class Kernel:
       item = self.accesses[i].src[0].dtype.base.itemsize
       smem: dict[int, int] = {}
       running, row = 1, None
+      fastest = self._is_reduce_axis(axes[-1]) if axes else False
       for n, ax in enumerate(reversed(axes)):
-        if row is None and strides[ax] != running:   # past the run of axes contiguous in the buffer: pad the row
+        # past the run of axes contiguous in the buffer: pad the row (wgmma: a row holds k only, or m or n only)
+        if row is None and (strides[ax] != running or (wgmma and self._is_reduce_axis(ax) != fastest)):
           row = n
-          if running > 1: running += 16 // item
+          if running > 1 and not wgmma: running += 16 // item
         smem[ax] = running
         running *= fs[ax]
       elements = int(prod(fs[ax] for ax in axes))
@@ -415,12 +442,63 @@ class Kernel:
       _check(elements % threads == 0 and elements // threads <= 1024,
              f"STAGE: a tile of {elements} elements does not split evenly over {threads} threads")
       staged.append(StagedLoad(i, tuple(axes), tuple(smem[ax] for ax in axes), len(axes) if row is None else row,
-                               elements, size))
+                               elements, size, swizzled=wgmma))
       total += size * item * stages
     _check(bool(staged), "STAGE: no load of the reduce is shared by the threads of a block")
     _check(total <= self.opts.shared_max, f"STAGE: tiles need {total} bytes of shared memory, more than "
                                           f"{self.opts.shared_max}")
+    self.wgmma = self._wgmma_plan(staged) if wgmma else None
     self.staged, self.stages = staged, stages
+
+  def _wgmma_plan(self, staged: list[StagedLoad]) -> WGMMAPlan:
+    """Check that the staged tiles and the warp layout fit wgmma (KernelOptError naming what does not), and plan
+    the instruction: the warpgroup is the first LOCAL after TC (4 warps along M); N is 8 x the upcast axes of N
+    tiles; each operand's tile is K-major (a row holds k) or MN-major (a row holds m or n), in 64-column panels of
+    8-row groups, and every other axis moves an instruction's origin by whole groups and panels."""
+    tc, fs = self.tensor_core, self.full_shape
+    ax_w, ax_g, ax_t = self.first_reduce - 3, self.first_reduce - 2, self.first_reduce - 1
+    ax_nl, ax_mh, ax_k = self.first_upcast, self.first_upcast + 1, self.first_upcast + 2
+    sa, sb = (self.sts[self.accesses.index(x)].real_strides() for x in (tc.a, tc.b))
+    _check(ax_w >= self.global_dims and fs[ax_w] == 4 and sa[ax_w] != 0 and sb[ax_w] == 0,
+           "STAGE 1: wgmma needs the first LOCAL after TC to put 4 warps along M (the warpgroup)")
+    plans = {self.accesses[p.access]: p for p in staged}
+    _check(set(plans) == {tc.a, tc.b}, "STAGE 1: wgmma needs both tensor-core operands staged")
+    _check(all(x.src[0].dtype.base is tc.dtype_in for x in (tc.a, tc.b)),
+           f"STAGE 1: wgmma reads {tc.dtype_in.name} tiles; an operand is cast from another dtype in the kernel")
+    b_stride = dict(zip(plans[tc.b].axes, plans[tc.b].strides))
+    n_axes = sorted((ax for ax in self.upcasted_axes()[3:] if sb[ax] != 0 and sa[ax] == 0),
+                    key=lambda ax: b_stride.get(ax, 0))
+    n = 8 * int(prod(fs[ax] for ax in n_axes))
+    _check(n <= 256, f"STAGE 1: a wgmma covers at most 256 columns of N, not {n}")
+    def operand(p: StagedLoad, mn: list[tuple[int, int]], extent: int, name: str) -> tuple[bool, int]:
+      """(MN-major, leading byte offset in elements) of one operand, whose `mn` axes must sit at the given
+      positions of the instruction's M or N."""
+      stride, cols = dict(zip(p.axes, p.strides)), p.run
+      rows = p.elements // cols
+      _check(cols % PANEL == 0 and rows % 8 == 0, f"STAGE 1: {name}'s tile of {rows} x {cols} is not made of 64-column "
+                                                   f"panels of 8-row groups")
+      def place(ax: int) -> tuple[bool, int]:   # (along a row, by how much) or (down the rows, by how many)
+        s = stride.get(ax, 0)
+        return (True, s) if s < cols else (False, s // cols)
+      along_k, step = place(ax_k)
+      _check(step == 1, f"STAGE 1: {name}'s tile does not hold the 16 k of a wgmma side by side or row by row")
+      trans = not along_k
+      _check(all(place(ax) == (trans, unit) for ax, unit in mn), f"STAGE 1: {name}'s tile does not hold the wgmma's "
+                                                                  f"{'M' if name == 'A' else 'N'} in order")
+      _check(not trans or extent <= PANEL or extent % PANEL == 0, f"STAGE 1: {name} spans part of a panel")
+      for ax in stride:
+        if ax == ax_k or ax in dict(mn): continue
+        col, amount = place(ax)
+        _check(amount % ((PANEL if trans else 16) if col else 8) == 0,
+               f"STAGE 1: axis {ax} moves {name}'s wgmma origin off a panel or an 8-row group")
+      return trans, rows * PANEL if trans else 8
+    trans_a, lbo_a = operand(plans[tc.a], [(ax_w, 16), (ax_mh, 8), (ax_g, 1)], WG_M, "A")
+    mn_b, unit = [(ax_nl, 1), (ax_t, 2)], 8
+    for ax in n_axes:
+      mn_b.append((ax, unit))
+      unit *= fs[ax]
+    trans_b, lbo_b = operand(plans[tc.b], mn_b, n, "B")
+    return WGMMAPlan(tuple(n_axes), WGMMAArg(tc.dtype_in, n, trans_a, trans_b, lbo_a, lbo_b))
 
   def apply_raster(self, opt: Opt) -> None:
     """Launch the blocks of the last two grid axes in groups of `amount` rows: consecutive blocks then cover an

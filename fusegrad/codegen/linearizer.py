@@ -16,13 +16,14 @@ import itertools
 from dataclasses import dataclass
 from fusegrad.helpers import prod
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg, MatrixLoad, MaskedLoad
+from fusegrad.uop import UOp, Ops, GroupOp, SpecialArg, ReduceArg, LocalArg, MatrixLoad, MaskedLoad, WGMMAArg
 from fusegrad.rewrite import graph_rewrite
 from fusegrad.symbolic import symbolic, simplify
 from fusegrad.shape.shapetracker import ShapeTracker
 from fusegrad.shape.view import View
 from fusegrad.codegen.kernel import Kernel, StagedLoad
-from fusegrad.codegen.tensor_cores import WMMAArg, a_pos, b_pos, ldmatrix_lane, A_REGS, B_REGS, C_REGS
+from fusegrad.codegen.tensor_cores import WMMAArg, a_pos, b_pos, ldmatrix_lane, A_REGS, B_REGS, C_REGS, \
+  swizzle, panel_offset
 
 
 @dataclass
@@ -483,7 +484,8 @@ class Lowerer:
     for n, plan in enumerate(k.staged):
       access, st = k.accesses[plan.access], k.sts[plan.access]
       dtype = access.src[0].dtype.base
-      buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * stages))
+      buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * stages,
+                                                                      1024 if plan.swizzled else 16))
       if loops:
         for j in range(stages - 1):
           prologue += self.copy_tile(plan, st, access.src[0], buf, at(UOp.const(dtypes.index, j)), tid, threads,
@@ -507,7 +509,8 @@ class Lowerer:
     bufs = {buf for buf, _, _ in self.stage_views.values()}
     # after the reads; the math on them may follow it (timed on the H200: a barrier after the accumulator updates
     # too was 5 % slower, bench/NOTES.md run 11)
-    reads = [u for u in UOp(Ops.SINK, dtypes.void, tuple(results)).toposort() if u.op is Ops.LOAD and u.src[0] in bufs]
+    reads = [u for u in UOp(Ops.SINK, dtypes.void, tuple(results)).toposort()
+             if (u.op is Ops.LOAD and u.src[0] in bufs) or (u.op is Ops.WMMA and isinstance(u.arg, WGMMAArg))]
     # arg: how many iterations' copies may still be in flight after it (the tile read next must have landed)
     return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), self.k.stages - 2)
 
@@ -540,6 +543,8 @@ class Lowerer:
         if w > 1 and not (valid.op is Ops.CONST and self.can_vectorize([(first[0] + i, valid) for i in range(w)], w)):
           break
         smem = sum((c * plan.strides[plan.axes.index(ax)] for ax, c in zip(reversed(lead), coords)), along)
+        if plan.swizzled:   # (row, column) of the plain matrix -> its place in the panels, swizzled
+          smem = swizzle(panel_offset(smem // plan.run, along, plan.elements // plan.run))
         where = simplify(smem) if offset is None else simplify(smem) + offset
         value = self.emit_load(src, first, dtype.vec(w) if w > 1 else dtype, None)
         out.append(UOp(Ops.STORE, dtypes.void, (buf, where, value)))
@@ -550,6 +555,7 @@ class Lowerer:
   def lower_tensor_cores(self, red: UOp, idxs, staged: UOp | None) -> dict:
     """One WMMA per combination of the non-TC upcast lanes; fragments are loaded per the m16n8k16 layout (from the
     shared tiles when the loads are staged)."""
+    if self.k.wgmma is not None: return self.lower_wgmma(idxs, staged)
     k, plan = self.k, self.k.tensor_core
     g, t = idxs[k.first_reduce - 2], idxs[k.first_reduce - 1]
     ax_g, ax_t = k.first_reduce - 2, k.first_reduce - 1
@@ -631,6 +637,53 @@ class Lowerer:
         keys.append(key)
       wmma = UOp(Ops.WMMA, dtypes.float32.vec(4), tuple(a_vals + b_vals + [accs[key] for key in keys]),
                  WMMAArg(plan.dtype_in, dtypes.float32, packed=packed))
+      for i, key in enumerate(keys):
+        accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
+                        self.reduce_loops)
+    return accs
+
+  def lower_wgmma(self, idxs, staged: UOp) -> dict:
+    """One wgmma per lane of the upcast axes it does not cover (M tiles, unrolled K), reading the swizzled tiles
+    from the origin of its part (kernel.WGMMAPlan); its N / 2 results are this thread's C fragments of the N / 8
+    tiles, in order."""
+    k, tc, wg = self.k, self.k.tensor_core, self.k.wgmma
+    ax_nl, ax_mh, ax_k = k.first_upcast, k.first_upcast + 1, k.first_upcast + 2
+    covered = {ax_nl, ax_mh, ax_k, *wg.n_axes}
+    others = [j for j in range(len(self.up_axes)) if self.up_axes[j] not in covered]
+    instruction_axes = covered | set(range(k.first_reduce - 3, k.first_reduce))   # and the warp's (w, g, t)
+    plans = {k.accesses[p.access]: p for p in k.staged}
+    def origin(load: UOp, lane: tuple[int, ...]) -> tuple[UOp, UOp]:
+      """(shared array, element offset) where this wgmma's part of the tile starts (its first row and column)."""
+      p, (buf, _, slot) = plans[load], self.stage_views[load]
+      at = self.lane_indices(idxs, lane, zero_reduce=False)
+      row, col = UOp.const(dtypes.index, 0), UOp.const(dtypes.index, 0)
+      for ax, stride in zip(p.axes, p.strides):
+        if ax in instruction_axes: continue
+        if stride < p.run: col = col + at[ax] * stride
+        else: row = row + at[ax] * (stride // p.run)
+      start = simplify(panel_offset(row, col, p.elements // p.run))
+      return buf, start if slot is None else simplify(start + slot)
+    sizes = [self.up_sizes[self.slot_of[ax]] for ax in wg.n_axes]
+    accs: dict[tuple, UOp] = {}
+    for other in itertools.product(*[range(self.up_sizes[j]) for j in others]):
+      lane = [0] * len(self.up_axes)
+      for j, v in zip(others, other): lane[j] = v
+      keys = []
+      for tile in itertools.product(*[range(s) for s in reversed(sizes)]):   # N tiles, the fastest axis last
+        for i in range(C_REGS):
+          acc_lane = list(lane)
+          for ax, v in zip(reversed(wg.n_axes), tile): acc_lane[self.slot_of[ax]] = v
+          acc_lane[self.slot_of[ax_mh]], acc_lane[self.slot_of[ax_nl]] = i >> 1, i & 1
+          key = self.lane_key(tuple(acc_lane), True)
+          if key not in accs:
+            accs[key] = UOp(Ops.DEFINE_ACC, dtypes.float32, (UOp.const(dtypes.float32, 0),) + self.outer_blocks,
+                            self.acc_count)
+            self.acc_count += 1
+          keys.append(key)
+      a_buf, a_start = origin(tc.a, tuple(lane))
+      b_buf, b_start = origin(tc.b, tuple(lane))
+      wmma = UOp(Ops.WMMA, dtypes.float32.vec(len(keys)),
+                 (a_buf, a_start, b_buf, b_start) + tuple(accs[key] for key in keys) + (staged,), wg.arg)
       for i, key in enumerate(keys):
         accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
                         self.reduce_loops)

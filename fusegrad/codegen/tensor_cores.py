@@ -1,5 +1,5 @@
-"""Tensor cores: the mma.sync.aligned.m16n8k16 fragment layout, and the TC opt that maps a matmul-shaped reduce
-onto it.
+"""Tensor cores: the mma.sync.aligned.m16n8k16 fragment layout, the TC opt that maps a matmul-shaped reduce onto
+it, and Hopper's warpgroup MMA (wgmma), which reads both operands from shared tiles in the 128-byte swizzled layout.
 
 A warp of 32 threads computes a 16x16 @ 16x8 product per instruction. Lane `l` (g = l // 4, t = l % 4) holds eight
 A values, four B values and four C/D values at the positions below (PTX ISA, "Matrix Fragments for mma.m16n8k16").
@@ -8,8 +8,9 @@ tests share one definition of the layout.
 """
 from __future__ import annotations
 from dataclasses import dataclass
+import numpy as np
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops
+from fusegrad.uop import UOp, Ops, WGMMAArg
 
 M, N, K = 16, 8, 16
 A_REGS, B_REGS, C_REGS = 8, 4, 4
@@ -63,3 +64,34 @@ def match_matmul(reduceop: UOp | None) -> tuple[UOp, UOp, DType] | None:
   if x.op is not Ops.LOAD or y.op is not Ops.LOAD or not (dtypes.is_float(x.dtype) and dtypes.is_float(y.dtype)):
     return None
   return x, y, mul.dtype
+
+
+# ***** wgmma: m64nNk16 by a warpgroup of 4 warps, operands read from shared memory (sm_90a) *****
+WGMMA = "m64nNk16"     # the name a renderer lists in `tensor_cores` when its device has wgmma
+WG_M = 64              # rows of one wgmma: warp w of the warpgroup holds rows 16 w .. 16 w + 15
+PANEL = 64             # 16-bit elements in one 128-byte row of a swizzled tile
+SBO = WGMMAArg.SBO     # elements between the 8-row groups of a swizzled tile (1024 bytes)
+
+
+def swizzle(offset):
+  """The 128-byte swizzle on the element offset of a 16-bit element from a 1024-byte aligned base: the 16-byte
+  chunk within each 128-byte row is XORed with the row's index mod 8 (address bits 4-6 ^= bits 7-9), so the
+  8 rows of an 8x8 core matrix sit in 8 different bank groups. Works on ints, numpy arrays and UOps."""
+  return offset ^ (((offset // PANEL) % 8) * 8)
+
+
+def panel_offset(r, c, rows: int):
+  """Unswizzled element offset of (row r, column c) of a tile of `rows` rows whose columns are cut into panels of
+  64 (one 128-byte row each), panel after panel."""
+  return (c // PANEL) * (rows * PANEL) + r * PANEL + c % PANEL
+
+
+def operand_offsets(rows: int, trans: bool, start, lbo: int):
+  """Element offsets (rows x 16: m or n, then k) that a wgmma reads for an operand whose descriptor starts at
+  `start`, in the canonical 128-byte swizzled layouts: K-major, row mn of the operand is row mn of the tile (8-row
+  groups SBO apart), its 16 k contiguous; MN-major, k is the row (groups of 8 rows SBO apart) and mn the column,
+  in panels of 64 that are `lbo` apart. `start` may be a numpy array of origins (one per warpgroup)."""
+  mn, k = np.arange(rows)[:, None], np.arange(K)[None, :]
+  rel = (mn // PANEL) * lbo + (k // 8) * SBO + (k % 8) * PANEL + mn % PANEL if trans else \
+      (mn // 8) * SBO + (mn % 8) * PANEL + k
+  return swizzle(np.asarray(start)[..., None, None] + rel)

@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad, MaskedLoad
+from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad, MaskedLoad, WGMMAArg
 from fusegrad.symbolic import simplify
 
 
@@ -164,7 +164,7 @@ class CStyleRenderer(Renderer):
 
   # ***** dialect hooks *****
   def special(self, u: UOp) -> str: raise NotImplementedError("SPECIAL needs a device with thread blocks")
-  def barrier(self, u: UOp) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
+  def barrier(self, u: UOp, state: dict) -> str: raise NotImplementedError("BARRIER needs a device with thread blocks")
   def local_decl(self, u: UOp, uops: list[UOp]) -> str:
     raise NotImplementedError("DEFINE_LOCAL needs a device with shared memory")
 
@@ -222,10 +222,12 @@ class CStyleRenderer(Renderer):
     def r(x: UOp) -> str: return names[x] if x in names else self.literal(x.arg, x.dtype)
     written = {u.src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL}
     skipped = self.unrendered(uops)
+    state = self.render_state(uops)   # what a dialect tracks from one statement to the next (before(), barrier())
 
     for u in uops:
       op = u.op
       emit = lambda text: lines.append("  " * depth + text)  # noqa: E731
+      for text in self.before(u, state): emit(text)
       if op is Ops.DEFINE_GLOBAL:
         names[u] = f"data{u.arg}"
         const = "" if u in written else "const "
@@ -251,16 +253,17 @@ class CStyleRenderer(Renderer):
       elif op is Ops.END:
         depth -= 1
         lines.append("  " * depth + "}")
-      elif op is Ops.BARRIER: emit(self.barrier(u))
+      elif op is Ops.BARRIER: emit(self.barrier(u, state))
       elif op is Ops.DEFINE_ACC:
         names[u] = fresh("acc")
         emit(f"{self.type_name(u.dtype)} {names[u]} = {r(u.src[0])};")
       elif op is Ops.PHI:
         names[u] = names[u.src[0]]
-        emit(f"{names[u]} = {r(u.src[1])};")
+        if r(u.src[1]) != names[u]: emit(f"{names[u]} = {r(u.src[1])};")
       elif op is Ops.STORE:
         emit(self.render_store(u, r))
       elif u in skipped: continue
+      elif (alias := self.alias(u, r)) is not None: names[u] = alias
       elif op in VALUE_OPS:
         prefix, text = self.value(u, r)
         names[u] = fresh(prefix)
@@ -274,6 +277,16 @@ class CStyleRenderer(Renderer):
     return f"{self.prelude(uops)}\n{self.kernel_header(name, params, uops)}\n{body}\n{self.kernel_footer(uops)}\n"
 
   def kernel_footer(self, uops: list[UOp]) -> str: return "}"
+
+  def render_state(self, uops: list[UOp]) -> dict: return {}
+
+  def before(self, u: UOp, state: dict) -> list[str]:
+    """Statements the dialect puts before `u` (`state` lives for one render)."""
+    return []
+
+  def alias(self, u: UOp, r) -> str | None:
+    """The name of a value `u` only renames (no statement of its own), or None."""
+    return None
 
   def unrendered(self, uops: list[UOp]) -> set[UOp]:
     """Values the dialect folds into their consumers (no statement of their own)."""
@@ -398,6 +411,16 @@ FG_LDMATRIX(fg_ldmatrix_x2, uint2, "x2", "{%0,%1}, [%2]", "=r"(r.x), "=r"(r.y))
 FG_LDMATRIX(fg_ldmatrix_x2_trans, uint2, "x2.trans", "{%0,%1}, [%2]", "=r"(r.x), "=r"(r.y))
 """
 
+WGMMA_PRELUDE = """__device__ inline unsigned long long fg_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((((unsigned)__cvta_generic_to_shared(p)) & 0x3FFFF) >> 4) |
+    ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) | ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) |
+    (1ull << 62); }
+"""   # a wgmma shared-memory descriptor: start address, leading and stride byte offsets (16-byte units), 128B swizzle
+
+
+def _is_wgmma(u: UOp) -> bool: return u.op is Ops.WMMA and isinstance(u.arg, WGMMAArg)
+
+
 _CUDA_VECTOR_FIELDS = "xyzw"
 _RAW_VECTORS = {4: "unsigned", 8: "uint2", 16: "uint4"}   # bytes -> the CUDA type that moves them as raw bits
 
@@ -423,22 +446,26 @@ class CUDARenderer(CStyleRenderer):
     super().__init__(device="CUDA", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
                      local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=shared_per_block(arch), arch=arch,
-                     tensor_cores=("m16n8k16",) if arch_number(arch) >= 80 else ())
+                     tensor_cores=(("m16n8k16",) if arch_number(arch) >= 80 else ()) +
+                                  (("m64nNk16",) if arch_number(arch) == 90 else ()))   # wgmma: sm_90a only
 
   def prelude(self, uops: list[UOp]) -> str:
     total = self.shared_bytes(uops)[-1][1]
-    if total <= self.STATIC_SHARED: return CUDA_PRELUDE
-    return CUDA_PRELUDE + f'extern "C" __device__ const unsigned int fg_dynamic_shared = {total};\n'
+    prelude = CUDA_PRELUDE + (WGMMA_PRELUDE if any(_is_wgmma(u) for u in uops) else "")
+    if total <= self.STATIC_SHARED: return prelude
+    return prelude + f'extern "C" __device__ const unsigned int fg_dynamic_shared = {total};\n'
 
   def special(self, u: UOp) -> str:
     return f"{'blockIdx' if u.arg.name.startswith('g') else 'threadIdx'}.{'xyz'[u.arg.dim]}"
 
-  def barrier(self, u: UOp) -> str:
+  def barrier(self, u: UOp, state: dict) -> str:
     # a barrier after asynchronous copies first waits for this thread's copies to land (all but the `arg` newest
-    # groups: one group per iteration of a pipelined STAGE loop)
+    # groups: one group per iteration of a pipelined STAGE loop); where wgmma reads the tiles next, a proxy fence
+    # makes the copied data visible to the tensor cores' (async) reads
     if any(self.async_copy(s) for s in u.src):
       wait = f"cp.async.commit_group; cp.async.wait_group {u.arg};" if u.arg else "cp.async.wait_all;"
-      return f'asm volatile("{wait}" ::: "memory"); __syncthreads();'
+      fence = " fence.proxy.async.shared::cta;" if state.get("wgmma_kernel") else ""
+      return f'asm volatile("{wait}{fence}" ::: "memory"); __syncthreads();'
     return "__syncthreads();"
 
   def async_copy(self, u: UOp) -> bool:
@@ -450,6 +477,29 @@ class CUDARenderer(CStyleRenderer):
     v = u.src[2]
     return v.op is Ops.LOAD and v.src[0].op is Ops.DEFINE_GLOBAL and v.dtype.itemsize in (4, 8, 16) and \
         len(memory_srcs(v)) == 2
+
+  def render_state(self, uops: list[UOp]) -> dict:
+    return {"wgmma_kernel": any(_is_wgmma(u) for u in uops), "wgmma_open": False}
+
+  def before(self, u: UOp, state: dict) -> list[str]:
+    """wgmma runs asynchronously: a fence before the first of a batch (the accumulators were last written by other
+    instructions), then commit and wait for the batch before anything reads its results, or leaves the block (the
+    barrier after which other threads refill the tiles it reads)."""
+    if _is_wgmma(u):
+      if state["wgmma_open"]: return []
+      state["wgmma_open"] = True
+      return ['asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
+    if not state.get("wgmma_open"): return []
+    reads = u.op is not Ops.PHI and any(s.op is Ops.GEP and _is_wgmma(s.src[0]) for s in u.src)
+    if reads or u.op in (Ops.BARRIER, Ops.END, Ops.LOOP, Ops.IF) or (u.op is Ops.STORE and not self.async_copy(u)):
+      state["wgmma_open"] = False
+      return ['asm volatile("wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;" ::: "memory");']
+    return []
+
+  def alias(self, u: UOp, r) -> str | None:
+    """A result of wgmma is its accumulator register, updated in place."""
+    if u.op is Ops.GEP and _is_wgmma(u.src[0]): return r(u.src[0].src[4 + u.arg])
+    return None
 
   def render_load(self, u: UOp, r) -> str:
     if isinstance(u.arg, MatrixLoad):
@@ -479,10 +529,12 @@ class CUDARenderer(CStyleRenderer):
 
   @staticmethod
   def shared_bytes(uops: list[UOp]) -> list[tuple[UOp, int]]:
-    """Each shared array with its byte offset in one block-wide layout (16-byte aligned), and the total last."""
+    """Each shared array with its byte offset in one block-wide layout (aligned as its LocalArg asks, at least 16
+    bytes), and the total last."""
     out, total = [], 0
     for u in uops:
       if u.op is Ops.DEFINE_LOCAL:
+        total = -(-total // u.arg.align) * u.arg.align
         out.append((u, total))
         total += -(-u.arg.size * u.dtype.base.itemsize // 16) * 16
     return out + [(None, total)]  # type: ignore[list-item]
@@ -490,10 +542,12 @@ class CUDARenderer(CStyleRenderer):
   def local_decl(self, u: UOp, uops: list[UOp]) -> str:
     layout = self.shared_bytes(uops)
     storage = self.storage_type(u.dtype.base)
-    if layout[-1][1] <= self.STATIC_SHARED: return f"__shared__ __align__(16) {storage} {u.arg.name}[{u.arg.size}];"
+    if layout[-1][1] <= self.STATIC_SHARED:
+      return f"__shared__ __align__({u.arg.align}) {storage} {u.arg.name}[{u.arg.size}];"
     # dynamic: the arrays are slices of one extern buffer, sized at launch (runtime/cuda.py reads fg_dynamic_shared)
     offset = next(off for v, off in layout if v is u)
-    head = "extern __shared__ __align__(16) unsigned char fg_smem[];\n  " if layout[0][0] is u else ""
+    align = max(v.arg.align for v, _ in layout[:-1])
+    head = f"extern __shared__ __align__({align}) unsigned char fg_smem[];\n  " if layout[0][0] is u else ""
     return f"{head}{storage}* {u.arg.name} = ({storage}*)(fg_smem + {offset});"
 
   def type_name(self, dt: DType) -> str:
@@ -519,6 +573,25 @@ class CUDARenderer(CStyleRenderer):
   def bitcast_expr(self, from_t: str, to_t: str, val: str) -> str: return f"fg_bitcast<{to_t}, {from_t}>({val})"
 
   def wmma(self, u: UOp, name: str, args: list[str], r) -> str:
+    if isinstance(u.arg, WGMMAArg): return self.wgmma(u, r)
+    return self.mma_sync(u, name, args, r)
+
+  @staticmethod
+  def wgmma(u: UOp, r) -> str:
+    """One wgmma.mma_async in inline PTX, on the accumulators in place; the operands' shared-memory descriptors
+    (fg_wgmma_desc) from the tiles' origins. D = A B + D (scale-d 1), A and B transposed where MN-major."""
+    arg = u.arg
+    kind, count = "f16" if arg.dtype_in is dtypes.float16 else "bf16", arg.n // 2
+    def desc(buf: UOp, start: UOp, lbo: int) -> str:
+      return f"fg_wgmma_desc({r(buf)}+{r(start)}, {2 * lbo}u, {2 * arg.SBO}u)"
+    regs = ",".join(f"%{i}" for i in range(count))
+    accs = ", ".join(f'"+f"({r(s)})' for s in u.src[4:4 + count])
+    return (f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n{arg.n}k16.f32.'
+            f'{kind}.{kind} {{{regs}}}, %{count}, %{count + 1}, p, 1, 1, {int(arg.trans_a)}, {int(arg.trans_b)}; }}" : '
+            f'{accs} : "l"({desc(u.src[0], u.src[1], arg.lbo_a)}), "l"({desc(u.src[2], u.src[3], arg.lbo_b)}) : '
+            f'"memory");')
+
+  def mma_sync(self, u: UOp, name: str, args: list[str], r) -> str:
     """One mma.sync m16n8k16 in inline PTX: halves are packed two to a 32-bit register, accumulators are fp32.
     A pair of fragment elements loaded straight from a 16-bit buffer is packed from the raw bits (one 32-bit load
     when the two are neighbours at an even index), skipping the round trip through float registers."""

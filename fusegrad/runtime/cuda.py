@@ -125,14 +125,16 @@ class NVRTCCompiler(Compiler):
 
   def compile(self, src: str) -> bytes:
     prog = check(nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={self.arch}".encode(), b"-default-device", b"--std=c++17"]
+    # wgmma exists only on sm_90a: the arch-specific target (its cubin runs on compute capability 9.0 exactly)
+    arch = self.arch + "a" if "wgmma." in src and self.arch == "sm_90" else self.arch
+    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17"]
     result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if int(result[0]) != 0:
       size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
       log = b" " * size
       check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
       numbered = "\n".join(f"{i + 1:4d} {line}" for i, line in enumerate(src.splitlines()))
-      raise RuntimeError(f"CUDA compile failed ({self.arch}):\n{log.decode(errors='replace')}\n--- source ---\n"
+      raise RuntimeError(f"CUDA compile failed ({arch}):\n{log.decode(errors='replace')}\n--- source ---\n"
                          f"{numbered}")
     size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
     cubin = b" " * size

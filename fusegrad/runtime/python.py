@@ -10,10 +10,10 @@ import time
 import pickle
 import numpy as np
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad
+from fusegrad.uop import UOp, Ops, GroupOp, MatrixLoad, WGMMAArg
 from fusegrad.device import Allocator, Compiler, Compiled
 from fusegrad.renderer.cstyle import Renderer
-from fusegrad.codegen.tensor_cores import a_pos, b_pos, c_pos, M, N, K
+from fusegrad.codegen.tensor_cores import a_pos, b_pos, c_pos, M, N, K, WGMMA, WG_M, operand_offsets
 
 
 class PythonRenderer(Renderer):
@@ -22,7 +22,7 @@ class PythonRenderer(Renderer):
     super().__init__(device="PYTHON", has_local=True, has_shared=True, supports_float4=True,
                      vector_dtypes=frozenset({dtypes.float32, dtypes.int32}), global_max=(2**31 - 1, 65535, 65535),
                      local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=227 * 1024,
-                     tensor_cores=("m16n8k16",))
+                     tensor_cores=("m16n8k16", WGMMA))
 
   def render(self, name: str, uops: list[UOp]) -> str:
     index = {u: i for i, u in enumerate(uops)}
@@ -175,7 +175,9 @@ class _Interpreter:
       elif op is Ops.CAST: v[pc] = self.cast(v[src[0]], prog[src[0]][1], dt)
       elif op is Ops.BITCAST:
         v[pc] = np.ascontiguousarray(np.broadcast_to(v[src[0]], (self.n,))).view(_np(dt))
-      elif op is Ops.WMMA: v[pc] = self.wmma(arg, [v[s] for s in src])
+      elif op is Ops.WMMA:
+        vals = [v[s] for s in src if prog[s][0] is not Ops.BARRIER]
+        v[pc] = self.wgmma(arg, vals) if isinstance(arg, WGMMAArg) else self.wmma(arg, vals)
       elif op in GroupOp.ALU:
         with np.errstate(all="ignore"): v[pc] = run_alu(op, dt, [v[s] for s in src])
       else: raise NotImplementedError(f"PYTHON backend: {op} is not supported")
@@ -277,6 +279,37 @@ class _Interpreter:
     for i in range(4): c[(warp,) + c_pos(g, t, i)] = np.broadcast_to(vals[12 + i], (self.n,))
     d = np.matmul(a.astype(np.float32), b.astype(np.float32)) + c
     return np.stack([d[(warp,) + c_pos(g, t, i)] for i in range(4)], axis=-1).astype(np.float32)
+
+  def wgmma(self, arg: WGMMAArg, vals: list) -> np.ndarray:
+    """Emulate wgmma m64nNk16 across each warpgroup (4 warps, 128 threads): read A (64 x 16) and B (N x 16) from
+    the shared tiles at the warpgroup's origins in the swizzled layouts (tensor_cores.operand_offsets), multiply,
+    and hand each thread its C fragments of the N / 8 tiles."""
+    (_, mem_a, _), start_a, (_, mem_b, _), start_b = vals[:4]
+    accs = vals[4:]
+    if self.n_local % 128: raise ValueError(f"PYTHON backend: wgmma in blocks of {self.n_local} threads (not whole "
+                                            f"warpgroups of 128)")
+    flat = self.block * self.n_local + self.local
+    group, lane, warp = flat // 128, flat % 32, (flat // 32) % 4
+    lead = np.arange(self.n // 128) * 128   # the first thread of each warpgroup
+    blocks = self.block[lead]
+    def operand(mem, start, rows: int, trans: bool, lbo: int) -> np.ndarray:
+      start = np.broadcast_to(np.asarray(start, dtype=np.int64), (self.n,))
+      if (start != start[flat - flat % 128]).any():
+        raise ValueError("PYTHON backend: the threads of a warpgroup give a wgmma different shared origins")
+      offs = operand_offsets(rows, trans, start[lead], lbo)
+      if ((offs < 0) | (offs >= mem.shape[-1])).any():
+        raise IndexError(f"PYTHON backend: wgmma reads past a shared array of {mem.shape[-1]}")
+      return mem[blocks[:, None, None], offs].astype(np.float32)
+    a = operand(mem_a, start_a, WG_M, arg.trans_a, arg.lbo_a)            # (groups, 64, 16)
+    b = operand(mem_b, start_b, arg.n, arg.trans_b, arg.lbo_b)           # (groups, N, 16)
+    d = np.matmul(a.astype(np.float64), b.astype(np.float64).transpose(0, 2, 1)).astype(np.float32)
+    g, t = lane // 4, lane % 4
+    out = np.empty((self.n, arg.n // 2), dtype=np.float32)
+    for i in range(arg.n // 2):
+      tile, reg = i // 4, i % 4
+      out[:, i] = d[group, 16 * warp + g + 8 * (reg >> 1), 8 * tile + 2 * t + (reg & 1)] + \
+          np.broadcast_to(accs[i], (self.n,))
+    return out
 
   def cast(self, x, src_dt: DType, dt: DType) -> np.ndarray:
     x = np.asarray(x)
