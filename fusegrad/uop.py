@@ -90,7 +90,8 @@ class WGMMAArg:
   side by side. The tiles are 128-byte swizzled (codegen/tensor_cores.py); an operand is K-major (`trans` False: a
   row of its tile holds 64 k of one m or n) or MN-major (True: a row holds 64 m or n of one k); `lbo_*` are the
   descriptors' leading byte offsets, in elements (MN-major: from one 64-column panel to the next); 8-row groups are
-  SBO elements apart."""
+  SBO elements apart. `in_flight`: batches (one reduce-loop iteration's wgmmas) that may still run when the
+  iteration's barrier passes (the ring then refills the slot read two iterations back)."""
   SBO = 512
   dtype_in: DType
   n: int
@@ -98,6 +99,7 @@ class WGMMAArg:
   trans_b: bool
   lbo_a: int
   lbo_b: int
+  in_flight: int = 0
 
   @property
   def dims(self) -> tuple[int, int, int]: return (64, self.n, 16)

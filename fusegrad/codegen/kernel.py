@@ -397,9 +397,11 @@ class Kernel:
     column of the block) from shared memory, filled by the whole block once per iteration of the reduce loops.
     `amount` tiles per load (default 2) form a ring: the copies run that many iterations minus one ahead of the
     compute. `axis` is the tiles' reader: 0 the threads (rows padded against bank conflicts), 1 the tensor cores
-    through wgmma (a TC kernel's two operands, 128-byte swizzled: WGMMAPlan). The last opt of a kernel."""
-    _check(opt.axis in (None, 0, 1), f"{opt}: axis picks the tiles' reader: 0 (the threads) or 1 (wgmma)")
-    wgmma = opt.axis == 1
+    through wgmma (a TC kernel's two operands, 128-byte swizzled: WGMMAPlan), 2 wgmma with one iteration's batch
+    still running while the next is issued (the copies then run one tile less ahead). The last opt of a kernel."""
+    _check(opt.axis in (None, 0, 1, 2), f"{opt}: axis picks the tiles' reader: 0 (the threads), 1 (wgmma) or 2 "
+                                        f"(wgmma, one batch in flight)")
+    wgmma = opt.axis in (1, 2)
     _check(self.opts.has_shared and self.opts.has_local and not self.dont_use_locals and self.local_dims > 0,
            "STAGE: needs thread blocks with shared memory (and a LOCAL axis)")
     _check(self.reduceop is not None and not self.multireduce and self.group_for_reduces == 0,
@@ -414,6 +416,8 @@ class Kernel:
     stages = (opt.amount or 2) if looped else 1
     _check(not looped or 2 <= stages <= 8, f"{opt}: 2 to 8 tiles per load in a reduce loop (one is being read "
                                            f"while the next arrives)")
+    _check(opt.axis != 2 or (looped and stages >= 3), f"{opt}: a batch in flight needs a reduce loop and a ring of "
+                                                      f"at least 3 tiles (one read, one being read, one arriving)")
     threads = self.thread_count()
     operands = (self.tensor_core.a, self.tensor_core.b) if wgmma else ()
     staged, total = [], 0
@@ -447,10 +451,10 @@ class Kernel:
     _check(bool(staged), "STAGE: no load of the reduce is shared by the threads of a block")
     _check(total <= self.opts.shared_max, f"STAGE: tiles need {total} bytes of shared memory, more than "
                                           f"{self.opts.shared_max}")
-    self.wgmma = self._wgmma_plan(staged) if wgmma else None
+    self.wgmma = self._wgmma_plan(staged, 1 if opt.axis == 2 else 0) if wgmma else None
     self.staged, self.stages = staged, stages
 
-  def _wgmma_plan(self, staged: list[StagedLoad]) -> WGMMAPlan:
+  def _wgmma_plan(self, staged: list[StagedLoad], in_flight: int) -> WGMMAPlan:
     """Check that the staged tiles and the warp layout fit wgmma (KernelOptError naming what does not), and plan
     the instruction: the warpgroup is the first LOCAL after TC (4 warps along M); N is 8 x the upcast axes of N
     tiles; each operand's tile is K-major (a row holds k) or MN-major (a row holds m or n), in 64-column panels of
@@ -498,7 +502,7 @@ class Kernel:
       mn_b.append((ax, unit))
       unit *= fs[ax]
     trans_b, lbo_b = operand(plans[tc.b], mn_b, n, "B")
-    return WGMMAPlan(tuple(n_axes), WGMMAArg(tc.dtype_in, n, trans_a, trans_b, lbo_a, lbo_b))
+    return WGMMAPlan(tuple(n_axes), WGMMAArg(tc.dtype_in, n, trans_a, trans_b, lbo_a, lbo_b, in_flight))
 
   def apply_raster(self, opt: Opt) -> None:
     """Launch the blocks of the last two grid axes in groups of `amount` rows: consecutive blocks then cover an

@@ -462,7 +462,9 @@ class Lowerer:
     read, computes from slot s % S, and ends at one barrier (`pipeline_barrier`, after the reads and the copy). A
     thread refills a slot only after the barrier that every thread reaches after reading it, so one barrier per
     iteration suffices. On CUDA the copies are asynchronous (cp.async) and the barrier waits only for tile s + 1:
-    S - 1 tiles are in flight while one is computed."""
+    S - 1 tiles are in flight while one is computed. When wgmma batches stay in flight past the barrier
+    (WGMMAArg.in_flight), the copies run that many tiles less ahead, so a slot is refilled only after the batch
+    reading it has finished."""
     k, fs = self.k, self.full_shape
     loops = list(range(k.first_reduce, k.first_upcast))
     block = list(range(k.global_dims, k.first_reduce))
@@ -474,6 +476,8 @@ class Lowerer:
     step = zero
     for ax in loops: step = step * fs[ax] + idxs[ax]
     total, stages = int(prod(fs[ax] for ax in loops)), k.stages
+    # tiles copied ahead of the one being read: all but one slot of the ring, less the slots of batches in flight
+    ahead = stages - 1 - (k.wgmma.arg.in_flight if k.wgmma is not None else 0)
     def at(flat: UOp) -> list[UOp]:   # the indices of the tile of iteration `flat` (past the end: wraps around)
       out, rest = list(base), flat % total
       for ax in reversed(loops):
@@ -487,12 +491,12 @@ class Lowerer:
       buf = UOp(Ops.DEFINE_LOCAL, dtype.ptr(local=True), (), LocalArg(f"stage{n}", plan.size * stages,
                                                                       1024 if plan.swizzled else 16))
       if loops:
-        for j in range(stages - 1):
+        for j in range(ahead):
           prologue += self.copy_tile(plan, st, access.src[0], buf, at(UOp.const(dtypes.index, j)), tid, threads,
                                      UOp.const(dtypes.index, j * plan.size) if j else None)
-        ahead = step + (stages - 1)
-        self.pipeline += self.copy_tile(plan, st, access.src[0], buf, at(ahead), tid, threads,
-                                        simplify((ahead % stages) * plan.size))
+        nxt = step + ahead
+        self.pipeline += self.copy_tile(plan, st, access.src[0], buf, at(nxt), tid, threads,
+                                        simplify((nxt % stages) * plan.size))
         offset = simplify((step % stages) * plan.size)
       else:
         prologue += self.copy_tile(plan, st, access.src[0], buf, base, tid, threads, None)
@@ -512,7 +516,8 @@ class Lowerer:
     reads = [u for u in UOp(Ops.SINK, dtypes.void, tuple(results)).toposort()
              if (u.op is Ops.LOAD and u.src[0] in bufs) or (u.op is Ops.WMMA and isinstance(u.arg, WGMMAArg))]
     # arg: how many iterations' copies may still be in flight after it (the tile read next must have landed)
-    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), self.k.stages - 2)
+    ahead = self.k.stages - 1 - (self.k.wgmma.arg.in_flight if self.k.wgmma is not None else 0)
+    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), ahead - 1)
 
   def copy_tile(self, plan: StagedLoad, st, src: UOp, buf: UOp, base: list[UOp], tid: UOp, threads: int,
                 offset: UOp | None) -> list[UOp]:
@@ -1050,8 +1055,8 @@ def estimate_ops(uops: list[UOp]) -> int:
       mult //= stack.pop()
     elif u.op in GroupOp.ALU and not dtypes.is_int(u.dtype) and u.dtype is not dtypes.bool:
       total += mult * u.dtype.count
-    elif u.op is Ops.WMMA:   # per thread: its share of the warp's multiply-adds
-      total += mult * 2 * prod(u.arg.dims) // 32
+    elif u.op is Ops.WMMA:   # per thread: its share of the warp's (wgmma: the warpgroup's) multiply-adds
+      total += mult * 2 * prod(u.arg.dims) // (128 if isinstance(u.arg, WGMMAArg) else 32)
   threads = 1
   for u in uops:
     if u.op is Ops.SPECIAL: threads *= u.arg.size

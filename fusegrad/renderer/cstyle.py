@@ -479,22 +479,35 @@ class CUDARenderer(CStyleRenderer):
         len(memory_srcs(v)) == 2
 
   def render_state(self, uops: list[UOp]) -> dict:
-    return {"wgmma_kernel": any(_is_wgmma(u) for u in uops), "wgmma_open": False}
+    wgmmas = [u for u in uops if _is_wgmma(u)]
+    accs = {s for w in wgmmas for s in w.src[4:4 + w.arg.n // 2]}   # the accumulators: their values and updates
+    for u in uops:
+      if (u.op is Ops.GEP and _is_wgmma(u.src[0])) or (u.op is Ops.PHI and u.src[0] in accs): accs.add(u)
+    return {"wgmma_kernel": bool(wgmmas), "accs": accs, "open": False, "pending": False,
+            "in_flight": max((w.arg.in_flight for w in wgmmas), default=0)}
 
   def before(self, u: UOp, state: dict) -> list[str]:
     """wgmma runs asynchronously: a fence before the first of a batch (the accumulators were last written by other
-    instructions), then commit and wait for the batch before anything reads its results, or leaves the block (the
-    barrier after which other threads refill the tiles it reads)."""
+    instructions), a commit after it, and waits: at the barrier that ends an iteration (after it other threads
+    refill tiles) for all but `in_flight` batches, for all right after the loop that leaves batches running (ptxas
+    serializes the wgmmas when the wait comes later), and before anything else reads the accumulators."""
+    WAIT = 'asm volatile("{}wgmma.wait_group.sync.aligned {};" ::: "memory");'
+    if state.get("drain"):   # the statement after the END of the loop
+      state["drain"] = state["pending"] = False
+      return [WAIT.format("", 0)] + self.before(u, state)
     if _is_wgmma(u):
-      if state["wgmma_open"]: return []
-      state["wgmma_open"] = True
+      if state["open"]: return []
+      state["open"] = True
       return ['asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
-    if not state.get("wgmma_open"): return []
-    reads = u.op is not Ops.PHI and any(s.op is Ops.GEP and _is_wgmma(s.src[0]) for s in u.src)
-    if reads or u.op in (Ops.BARRIER, Ops.END, Ops.LOOP, Ops.IF) or (u.op is Ops.STORE and not self.async_copy(u)):
-      state["wgmma_open"] = False
-      return ['asm volatile("wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;" ::: "memory");']
-    return []
+    if u.op is Ops.END and state.get("pending"): state["drain"] = True
+    if not (state.get("open") or state.get("pending")): return []
+    if u.op is Ops.BARRIER: left = state["in_flight"]
+    elif (u.op is not Ops.PHI and any(s in state["accs"] for s in u.src)) or u.op in (Ops.LOOP, Ops.IF) or \
+        (u.op is Ops.STORE and not self.async_copy(u)): left = 0
+    else: return []
+    commit = "wgmma.commit_group.sync.aligned; " if state["open"] else ""
+    state["open"], state["pending"] = False, left > 0
+    return [WAIT.format(commit, left)]
 
   def alias(self, u: UOp, r) -> str | None:
     """A result of wgmma is its accumulator register, updated in place."""

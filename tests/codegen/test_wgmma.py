@@ -30,7 +30,9 @@ from fusegrad.uop import Ops, WGMMAArg
 
 from test_stage import LAYOUTS, HAVE_NVRTC, ast_of, check_close, randn, round_to, run_python
 
-if HAVE_NVRTC: from fusegrad.runtime.cuda import NVRTCCompiler
+if HAVE_NVRTC:
+  from cuda.bindings import nvrtc
+  from fusegrad.runtime.cuda import NVRTCCompiler
 
 T, L, U, R = Opt(OptOps.TC), (lambda a, n: Opt(OptOps.LOCAL, a, n)), (lambda a, n: Opt(OptOps.UPCAST, a, n)), \
     (lambda a, n: Opt(OptOps.UNROLL, a, n))
@@ -86,6 +88,8 @@ def test_wgmma_layouts(dtype, layout):
 @pytest.mark.parametrize("name,opts,shape,count,n", [
   ("ring of 3", ONE_WG + [S(3)], (128, 64, 256), 4, 64),
   ("ring of 4", ONE_WG + [S(4)], (128, 64, 384), 4, 64),
+  ("in flight, ring of 3", ONE_WG + [Opt(OptOps.STAGE, 2, 3)], (128, 64, 384), 4, 64),
+  ("in flight, ring of 4", [T, L(0, 4), L(0, 2), U(1, 16), R(0, 4), Opt(OptOps.STAGE, 2, 4)], (256, 128, 448), 4, 128),
   ("2 warpgroups along M", [T, L(0, 4), L(0, 2), U(1, 16), R(0, 4), S(3)], (256, 256, 192), 4, 128),
   ("2 warpgroups along N", [T, L(0, 4), U(1, 8), L(1, 2), R(0, 4), S(2)], (128, 256, 128), 4, 64),
   ("2 M tiles per warpgroup", [T, L(0, 4), U(0, 2), U(1, 8), R(0, 4), S(2)], (256, 128, 128), 8, 64),
@@ -133,7 +137,9 @@ def matmul_kernel(shapes=((128, 128), (128, 128)), dtype=dtypes.float16, arch="s
   ("N above 256", [T, L(0, 4), U(1, 32), U(1, 2), S()], "at most 256 columns"),
   ("MN-major N of 8", [T, L(0, 4), R(0, 4), S()], "64-column panels"),
   ("32-deep tiles", [T, L(0, 4), U(1, 8), R(0, 2), S()], "64-column panels"),
-  ("axis 2", [T, L(0, 4), U(1, 8), R(0, 4), Opt(OptOps.STAGE, 2, 2)], "axis picks the tiles' reader"),
+  ("axis 3", [T, L(0, 4), U(1, 8), R(0, 4), Opt(OptOps.STAGE, 3, 2)], "axis picks the tiles' reader"),
+  ("in flight, ring of 2", [T, L(0, 4), U(1, 8), R(0, 4), Opt(OptOps.STAGE, 2, 2)], "ring of at least 3"),
+  ("in flight, no loop", [T, L(0, 4), U(1, 8), R(0, 16), Opt(OptOps.STAGE, 2, 3)], "needs a reduce loop"),
 ])
 def test_wgmma_errors(why, opts, match):
   k = matmul_kernel(((256, 256), (256, 512)))
@@ -170,6 +176,17 @@ def nvrtc_sm90():
 def render(k: Kernel) -> str: return CUDARenderer("sm_90").render("k", linearize(k).uops)
 
 
+def ptxas_log(src: str) -> str:
+  """NVRTC's log of compiling `src` for sm_90a with ptxas's report: ptxas warns (C7514) when it has to serialize
+  wgmmas because other instructions touch their accumulators while they run."""
+  prog = nvrtc.nvrtcCreateProgram(src.encode(), b"k.cu", 0, [], [])[1]
+  opts = [b"--gpu-architecture=sm_90a", b"-default-device", b"--std=c++17", b"-Xptxas", b"-v"]
+  assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
+  log = b" " * nvrtc.nvrtcGetProgramLogSize(prog)[1]
+  nvrtc.nvrtcGetProgramLog(prog, log)
+  return log.decode(errors="replace")
+
+
 @pytest.mark.parametrize("dtype,kind", [(dtypes.float16, "f16"), (dtypes.bfloat16, "bf16")])
 def test_wgmma_cuda_source(nvrtc_sm90, dtype, kind):
   k = matmul_kernel(((1024, 1024), (1024, 1024)), dtype)
@@ -186,7 +203,23 @@ def test_wgmma_cuda_source(nvrtc_sm90, dtype, kind):
   assert re.search(r'"\+f"\(acc0\)', loop) and "acc0 = " not in body   # in place: no copies of accumulators
   assert "__align__(1024)" in head and "ldmatrix" not in src.split("extern \"C\" __global__")[1]
   lib = nvrtc_sm90.compile(src)
-  assert lib[:4] == b"\x7fELF"
+  assert lib[:4] == b"\x7fELF" and "serialized" not in ptxas_log(src)
+
+
+def test_wgmma_cuda_batch_in_flight(nvrtc_sm90):
+  """STAGE 2: each iteration's barrier waits for all but one wgmma batch and for the copy one tile ahead (a ring of
+  4: two tiles ahead, so one newer cp.async group may stay pending); all batches finish before the epilogue."""
+  k = matmul_kernel(((1024, 1024), (1024, 1024)))
+  for o in [T, L(0, 4), L(0, 2), U(1, 16), R(0, 4), Opt(OptOps.STAGE, 2, 4)]: k.apply_opt(o)
+  src = render(k)
+  head, _, body = src.partition("for (")
+  loop, _, tail = body.partition("__syncthreads();")
+  assert "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 1;" in loop
+  assert "cp.async.commit_group; cp.async.wait_group 1; fence.proxy.async.shared::cta;" in loop
+  assert head.count("cp.async.cg.shared.global") * 2 == loop.count("cp.async.cg.shared.global") * 2 * 2   # 2 ahead
+  assert tail.index("}") < tail.index("wgmma.wait_group.sync.aligned 0;") < tail.index("int ")   # right after
+  log = ptxas_log(src)
+  assert "Used" in log and "C7514" not in log and "serialized" not in log, log
 
 
 def test_wgmma_cuda_single_tile(nvrtc_sm90):
