@@ -160,16 +160,20 @@ def _tile_tensor_cores(k: Kernel) -> None:
 
 
 def _wgmma_tiles(k: Kernel) -> bool:
-  """On a device with warpgroup MMAs (sm_90): 2 warpgroups along M, each 64 x 128 (one wgmma m64n128k16 per
-  k-step), 64-deep tiles in a ring of 4, read by wgmma straight from shared memory (STAGE 1). Planned on a trial
-  copy of the kernel and applied only when every step fits (else the mma.sync tiles are used)."""
+  """On a device with warpgroup MMAs (sm_90): 2 warpgroups along M, each 64 x 256 (one wgmma m64n256k16 per
+  k-step; 64 x 128 where N is not a multiple of 256; smaller matmuls keep mma.sync), 64-deep tiles in a ring of 4 read by wgmma straight from shared
+  memory, one batch in flight past each barrier (STAGE 2). fp16 8192^3 on the H200 (bench/NOTES.md run 13): 1.62 ms,
+  680 TFLOP/s (64 x 128 per warpgroup, ring of 3, waiting each batch: 1.89 ms; the mma.sync tiles: 3.1 ms). Planned
+  on a trial copy of the kernel and applied only when every step fits (else the mma.sync tiles are used)."""
   if WGMMA not in k.opts.tensor_cores: return False
   trial = Kernel(k.ast, k.opts)
   for opt in k.applied_opts: trial.apply_opt(opt)
-  if not (_split(trial, OptOps.LOCAL, 0, (4,)) and (_split(trial, OptOps.LOCAL, 0, (2,)) or True) and
-          _split(trial, OptOps.UPCAST, 1, (16, 8)) and _unroll_k(trial, (4,))): return False
+  if not (_split(trial, OptOps.LOCAL, 0, (4,)) and _split(trial, OptOps.LOCAL, 0, (2,)) and
+          _split(trial, OptOps.UPCAST, 1, (32, 16)) and _unroll_k(trial, (4,))): return False
   _raster(trial)
-  if not (_try(trial, Opt(OptOps.STAGE, 1, _ring(trial, 4))) or _try(trial, Opt(OptOps.STAGE, 1, 2))): return False
+  ring = _ring(trial, 4)
+  if not ((ring >= 3 and _try(trial, Opt(OptOps.STAGE, 2, ring))) or _try(trial, Opt(OptOps.STAGE, 1, ring)) or
+          _try(trial, Opt(OptOps.STAGE, 1, 2))): return False
   for opt in trial.applied_opts[len(k.applied_opts):]: k.apply_opt(opt)
   return True
 

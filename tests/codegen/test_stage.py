@@ -28,6 +28,7 @@ import pytest
 from fusegrad import Tensor, dtypes
 from fusegrad.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.codegen.linearizer import linearize
+from fusegrad.codegen.heuristic import hand_coded_optimizations
 from fusegrad.engine.compile import kernel_for, render_kernel
 from fusegrad.engine.realize import compile_kernel, run_kernel, run_schedule
 from fusegrad.engine.schedule import create_schedule
@@ -448,9 +449,18 @@ def cuda_arch():
   return arch
 
 
+def sm80_kernel(ast):
+  """The heuristics' kernel for an Ampere GPU (sm_80: ldmatrix + mma.sync; sm_90 takes wgmma, test_wgmma.py), its
+  CUDA source and NVRTC's cubin of it."""
+  k = hand_coded_optimizations(Kernel(ast, CUDARenderer("sm_80")))
+  src = CUDARenderer("sm_80").render("k", linearize(k).uops)
+  assert NVRTCCompiler("sm_80").compile(src)[:4] == b"\x7fELF"
+  return k, src
+
+
 @pytest.fixture(scope="module")
 def fp16_1024(cuda_arch):
-  return cuda_kernel(ast_of(lambda a, b: a @ b, [(1024, 1024), (1024, 1024)], dtypes.float16))
+  return sm80_kernel(ast_of(lambda a, b: a @ b, [(1024, 1024), (1024, 1024)], dtypes.float16))
 
 
 def barrier_wait(stages: int) -> str:
@@ -460,9 +470,8 @@ def barrier_wait(stages: int) -> str:
 
 
 def test_cuda_heuristic_fp16_matmul_source(fp16_1024):
-  k, ks = fp16_1024
+  k, src = fp16_1024
   assert k.applied_opts[0].op is OptOps.TC and k.applied_opts[-1].op is OptOps.STAGE and k.stages in (2, 3)
-  src = ks.src
   head, body = loop_body(src)
   assert "cp.async.cg.shared.global" in head and "cp.async.cg.shared.global" in body   # prologue and ring
   assert 'asm volatile("cp.async.wait_all;" ::: "memory"); __syncthreads();' in head   # the prologue's barrier
@@ -523,7 +532,8 @@ def check_dynamic_shared(k, ks):
   assert total > STATIC_SHARED and total % 16 == 0 and total == sum(sizes)
   itemsize = {p.access: k.accesses[p.access].src[0].dtype.base.itemsize for p in k.staged}
   assert total == sum(p.size * itemsize[p.access] * k.stages for p in k.staged)
-  assert src.count("extern __shared__ __align__(16) unsigned char fg_smem[];") == 1
+  align = 1024 if k.wgmma is not None else 16   # wgmma's swizzled tiles start at 1024-byte boundaries
+  assert src.count(f"extern __shared__ __align__({align}) unsigned char fg_smem[];") == 1
   offsets = [int(x) for x in re.findall(r"\(fg_smem \+ (\d+)\)", src)]
   assert offsets == [sum(sizes[:i]) for i in range(len(sizes))]
   assert not [line for line in src.splitlines() if "__shared__" in line and "extern" not in line]   # no static arrays
@@ -543,11 +553,12 @@ def test_cuda_dynamic_shared_above_48k(cuda_arch):
   k, ks = cuda_kernel(ast, TC_BIG_OPTS + [Opt(OptOps.STAGE, 0, 4)])
   check_dynamic_shared(k, ks)
   assert "fg_dynamic_shared = 143360;" in ks.src
-  # the heuristics' own ring (2 or 3 slots of 35840 bytes) is over 48 KB too
+  # the heuristics' own ring is over 48 KB too (sm_90: wgmma's 128 x 64 and 64 x 256 tiles, unpadded)
   k, ks = cuda_kernel(ast)
   assert k.applied_opts[0].op is OptOps.TC and k.applied_opts[-1].op is OptOps.STAGE
   check_dynamic_shared(k, ks)
-  assert f"fg_dynamic_shared = {35840 * k.stages};" in ks.src
+  tile = 35840 if k.wgmma is None else (128 * 64 + 64 * 256) * 2
+  assert f"fg_dynamic_shared = {tile * k.stages};" in ks.src
 
 
 @pytest.mark.parametrize("stages,dynamic", [(2, False), (6, False), (7, True), (8, True)])
@@ -573,7 +584,7 @@ def conv_ast(shapes):
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["fp16", "bf16"])
 def test_heuristics_stage_tc_matmul_on_cuda(cuda_arch, dtype):
   ast = ast_of(lambda a, b: a @ b, [(1024, 1024), (1024, 1024)], dtype)
-  k = kernel_for(ast, "CUDA")
+  k, _ = sm80_kernel(ast)
   ops = [o.op for o in k.applied_opts]
   assert ops[0] is OptOps.TC and ops[-1] is OptOps.STAGE and ops.count(OptOps.STAGE) == 1
   assert OptOps.LOCAL in ops and k.thread_count() == 32 * 8   # 2 x 4 warps sharing the staged tiles

@@ -238,7 +238,7 @@ def test_wgmma_cuda_single_tile(nvrtc_sm90):
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
 def test_heuristics_pick_wgmma_on_sm90(dtype):
   k = hand_coded_optimizations(matmul_kernel(((1024, 1024), (1024, 1024)), dtype))
-  assert k.wgmma is not None and k.applied_opts[-1].op is OptOps.STAGE and k.applied_opts[-1].axis == 1, k
+  assert k.wgmma is not None and k.applied_opts[-1] == Opt(OptOps.STAGE, 2, 4), k
   k80 = hand_coded_optimizations(matmul_kernel(((1024, 1024), (1024, 1024)), dtype, arch="sm_80"))
   assert k80.wgmma is None and k80.staged and k80.applied_opts[-1].axis == 0
 
