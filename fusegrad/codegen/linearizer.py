@@ -910,16 +910,19 @@ _NO_ACC = frozenset({Ops.LOAD, Ops.CONST, Ops.SPECIAL, Ops.LOOP, Ops.DEFINE_GLOB
                      Ops.BARRIER})
 
 
-def _depending(root: UOp, acc: UOp) -> list[UOp]:
+def _depending(root: UOp, acc: UOp, order: dict[UOp, int]) -> list[UOp]:
   """The nodes under `root` (itself included) that depend on `acc`, sources first. Index arithmetic and memory
-  accesses are not searched: an update's chain runs through the combining ALUs (and WMMAs, GEPs, casts) only."""
+  accesses are not searched: an update's chain runs through the combining ALUs (and WMMAs, GEPs, casts) only; nor
+  is anything before `acc` in the topological `order` (a wgmma's chain of batches would be walked for each of its
+  accumulators)."""
   memo: dict[UOp, bool] = {acc: True}
   out: list[UOp] = []
   stack = [(root, False)]
+  first = order[acc]
   while stack:
     n, expanded = stack.pop()
     if n in memo: continue
-    if n.op in _NO_ACC or n.dtype is dtypes.index:
+    if n.op in _NO_ACC or n.dtype is dtypes.index or order[n] < first:
       memo[n] = False
       continue
     if not expanded:
@@ -931,14 +934,14 @@ def _depending(root: UOp, acc: UOp) -> list[UOp]:
   return out
 
 
-def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict) -> None:
+def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict, order: dict[UOp, int]) -> None:
   """An accumulator update runs once per iteration of the loops its PHI names, even when the value it adds does not
   depend on them (sum over r of x is R*x): move the PHI, and every node between the accumulator and it, into them."""
   for p in nodes:
     if p.op is not Ops.PHI or len(p.src) <= 2: continue
     target = _merge_chains([place[p]] + [seen_as[lp] for lp in p.src[2:]], p)
     # the chain: nodes under the update that depend on the previous accumulator value (sources first)
-    chain = _depending(p.src[1], p.src[0])
+    chain = _depending(p.src[1], p.src[0], order)
     for m in chain + [p]:
       place[m] = _merge_chains([place[m], target], m)
       if m is not p: seen_as[m] = place[m]
@@ -958,7 +961,7 @@ def linearize_graph(sink: UOp) -> list[UOp]:
     if n.op in (Ops.LOOP, Ops.IF): seen_as[n] = chain + (n,)
     elif n.op is Ops.PHI: seen_as[n] = seen_as[n.src[0]]
     else: seen_as[n] = chain
-  _keep_updates_in_loops(nodes, place, seen_as)
+  _keep_updates_in_loops(nodes, place, seen_as, order)
   children: dict[UOp | None, list[UOp]] = {}
   for n in nodes:
     if n is sink: continue
