@@ -727,6 +727,7 @@ def test_raw_copies_of_any_dtype_compile_without_cp_async():
 
 
 def test_arch_names_compare_as_numbers():
-  assert [arch_number(a) for a in ("sm_75", "sm_90", "sm_90a", "sm_100", "sm_120", "bogus")] == [75, 90, 90, 100, 120, 0]
+  names = ("sm_75", "sm_90", "sm_90a", "sm_100", "sm_120", "bogus")
+  assert [arch_number(a) for a in names] == [75, 90, 90, 100, 120, 0]
   assert CUDARenderer("sm_120").tensor_cores and not CUDARenderer("sm_75").tensor_cores
   assert shared_per_block("sm_100") == 227 * 1024 and shared_per_block("sm_75") == 48 * 1024
