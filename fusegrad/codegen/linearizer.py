@@ -634,18 +634,26 @@ class Lowerer:
       for i in range(C_REGS):
         acc_lane = list(lane)
         acc_lane[pos[ax_mh]], acc_lane[pos[ax_nl]] = i >> 1, i & 1
-        key = self.lane_key(tuple(acc_lane), True)
-        if key not in accs:
-          accs[key] = UOp(Ops.DEFINE_ACC, dtypes.float32, (UOp.const(dtypes.float32, 0),) + self.outer_blocks,
-                          self.acc_count)
-          self.acc_count += 1
-        keys.append(key)
+        keys.append(self.fp32_accumulator(accs, acc_lane))
       wmma = UOp(Ops.WMMA, dtypes.float32.vec(4), tuple(a_vals + b_vals + [accs[key] for key in keys]),
                  WMMAArg(plan.dtype_in, dtypes.float32, packed=packed))
-      for i, key in enumerate(keys):
-        accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
-                        self.reduce_loops)
+      self.update_accumulators(accs, keys, wmma)
     return accs
+
+  def fp32_accumulator(self, accs: dict, acc_lane: list[int]) -> tuple:
+    """The key in `accs` of the tensor cores' fp32 accumulator of an output lane (defined on first use)."""
+    key = self.lane_key(tuple(acc_lane), True)
+    if key not in accs:
+      accs[key] = UOp(Ops.DEFINE_ACC, dtypes.float32, (UOp.const(dtypes.float32, 0),) + self.outer_blocks,
+                      self.acc_count)
+      self.acc_count += 1
+    return key
+
+  def update_accumulators(self, accs: dict, keys: list[tuple], wmma: UOp) -> None:
+    """Result i of a WMMA is the new value of accumulator keys[i]."""
+    for i, key in enumerate(keys):
+      accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
+                      self.reduce_loops)
 
   def lower_wgmma(self, idxs, staged: UOp) -> dict:
     """One wgmma per lane of the upcast axes it does not cover (M tiles, unrolled K), reading the swizzled tiles
@@ -679,19 +687,12 @@ class Lowerer:
           acc_lane = list(lane)
           for ax, v in zip(reversed(wg.n_axes), tile): acc_lane[self.slot_of[ax]] = v
           acc_lane[self.slot_of[ax_mh]], acc_lane[self.slot_of[ax_nl]] = i >> 1, i & 1
-          key = self.lane_key(tuple(acc_lane), True)
-          if key not in accs:
-            accs[key] = UOp(Ops.DEFINE_ACC, dtypes.float32, (UOp.const(dtypes.float32, 0),) + self.outer_blocks,
-                            self.acc_count)
-            self.acc_count += 1
-          keys.append(key)
+          keys.append(self.fp32_accumulator(accs, acc_lane))
       a_buf, a_start = origin(tc.a, tuple(lane))
       b_buf, b_start = origin(tc.b, tuple(lane))
       wmma = UOp(Ops.WMMA, dtypes.float32.vec(len(keys)),
                  (a_buf, a_start, b_buf, b_start) + tuple(accs[key] for key in keys) + (staged,), wg.arg)
-      for i, key in enumerate(keys):
-        accs[key] = UOp(Ops.PHI, dtypes.float32, (accs[key], UOp(Ops.GEP, dtypes.float32, (wmma,), i)) +
-                        self.reduce_loops)
+      self.update_accumulators(accs, keys, wmma)
     return accs
 
   def group_reduce(self, red: UOp, arg: ReduceArg, accs: dict, out_key: dict, idxs):
