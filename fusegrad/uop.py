@@ -92,6 +92,7 @@ class WGMMAArg:
   descriptors' leading byte offsets, in elements (MN-major: from one 64-column panel to the next); 8-row groups are
   SBO elements apart. `in_flight`: batches (one reduce-loop iteration's wgmmas) that may still run when the
   iteration's barrier passes (the ring then refills the slot read two iterations back)."""
+  NAME = "m64nNk16"   # in Renderer.tensor_cores: the device has wgmma
   SBO = 512
   dtype_in: DType
   n: int

@@ -161,11 +161,11 @@ def _tile_tensor_cores(k: Kernel) -> None:
 
 def _wgmma_tiles(k: Kernel) -> bool:
   """On a device with warpgroup MMAs (sm_90): 2 warpgroups along M, each 64 x 256 (one wgmma m64n256k16 per
-  k-step; 64 x 128 where N is not a multiple of 256; smaller matmuls keep mma.sync), 64-deep tiles in a ring of 4
+  k-step; 64 x 128 where N is not a multiple of 256), 64-deep tiles in a ring of 4
   read by wgmma straight from shared memory, one batch in flight past each barrier (STAGE 2). fp16 8192^3 on the
   H200 (bench/NOTES.md runs 13-15): 1.60-1.62 ms, 680 TFLOP/s (64 x 128 per warpgroup, ring of 3, waiting each
   batch: 1.89 ms; the mma.sync tiles: 3.1 ms). Planned on a trial copy of the kernel and applied only when every
-  step fits (else the mma.sync tiles are used)."""
+  step fits: M and N multiples of 128, K of 64, 16-bit buffers (else the mma.sync tiles are used)."""
   if WGMMA not in k.opts.tensor_cores: return False
   trial = Kernel(k.ast, k.opts)
   for opt in k.applied_opts: trial.apply_opt(opt)

@@ -174,6 +174,14 @@ class Kernel:
     return self._slots(list(range(self.global_dims, self.first_reduce + self.group_for_reduces)))
 
   def lane_count(self) -> int: return int(prod(self.full_shape[s[0]] for s in self.lane_slots()))
+  @property
+  def copy_ahead(self) -> int:
+    """Tiles a STAGE ring copies ahead of the one being read: all but one slot, less the slots of wgmma batches
+    still running (WGMMAArg.in_flight)."""
+    return self.stages - 1 - (self.wgmma.arg.in_flight if self.wgmma is not None else 0)
+  def accumulator_count(self) -> int:
+    """Lanes of the upcast output axes (a reduce's accumulators per thread; K's unrolled lanes add none)."""
+    return int(prod(self.full_shape[ax] for ax in self.upcasted_axes() if not self._is_reduce_axis(ax)))
   def thread_count(self) -> int: return int(prod(self.full_shape[s[0]] for s in self.thread_slots()))
 
   # ***** the layout *****
@@ -325,9 +333,13 @@ class Kernel:
              f"{opt}: axis {axis} is one of the tensor cores' thread axes (g, t), which the warp layout fixes")
       self.shift_to(axis, amount, insert_before=None)
       self.upcasted += 1
-      # tensor-core kernels lower fragments, not lanes: the 16 K lanes of each mma do not count against the limit
+      # tensor-core kernels lower fragments, not lanes: the 16 K lanes of each mma do not count against the limit,
+      # nor does an unrolled K (wgmma's 64 x 256 per warpgroup, 64 deep: 8192 lanes); the accumulators (one register
+      # each) must fit a thread's 255 registers
       limit = 256 * (32 if self.tensor_core is not None else 1)
       _check(self.lane_count() <= limit, f"{opt}: more than {limit} upcasted elements")
+      _check(self.tensor_core is None or self.accumulator_count() <= 256,
+             f"{opt}: more than 256 accumulators a thread ({self.accumulator_count()})")
     elif opt.op in (OptOps.LOCAL, OptOps.LASTLOCAL):
       # after TC the warp's own ids (g, t) stay the last two local axes: new ones (warps per block) go before them
       self.shift_to(axis, amount, top=opt.op is OptOps.LASTLOCAL,
@@ -406,9 +418,9 @@ class Kernel:
            "STAGE: needs thread blocks with shared memory (and a LOCAL axis)")
     _check(self.reduceop is not None and not self.multireduce and self.group_for_reduces == 0,
            "STAGE: needs one reduce that is not grouped")
-    _check(not wgmma or (WGMMA in self.opts.tensor_cores and self.tensor_core is not None),
-           f"{opt}: wgmma needs a TC kernel on a device with warpgroup MMAs (sm_90), not {self.opts.device} "
-           f"{self.opts.arch}")
+    _check(not wgmma or WGMMA in self.opts.tensor_cores,
+           f"{opt}: wgmma needs a device with warpgroup MMAs (sm_90), not {self.opts.device} {self.opts.arch}")
+    _check(not wgmma or self.tensor_core is not None, f"{opt}: wgmma needs a TC kernel (TC as the first opt)")
     fs = self.full_shape
     _check(all(isinstance(s, int) for s in fs[self.global_dims:]), f"STAGE: the block's shape {fs} is symbolic")
     block, lanes = list(range(self.global_dims, self.first_reduce)), self.upcasted_axes()
@@ -451,10 +463,10 @@ class Kernel:
     _check(bool(staged), "STAGE: no load of the reduce is shared by the threads of a block")
     _check(total <= self.opts.shared_max, f"STAGE: tiles need {total} bytes of shared memory, more than "
                                           f"{self.opts.shared_max}")
-    self.wgmma = self._wgmma_plan(staged, 1 if opt.axis == 2 else 0) if wgmma else None
+    self.wgmma = self._wgmma_plan(opt, staged, 1 if opt.axis == 2 else 0) if wgmma else None
     self.staged, self.stages = staged, stages
 
-  def _wgmma_plan(self, staged: list[StagedLoad], in_flight: int) -> WGMMAPlan:
+  def _wgmma_plan(self, opt: Opt, staged: list[StagedLoad], in_flight: int) -> WGMMAPlan:
     """Check that the staged tiles and the warp layout fit wgmma (KernelOptError naming what does not), and plan
     the instruction: the warpgroup is the first LOCAL after TC (4 warps along M); N is 8 x the upcast axes of N
     tiles; each operand's tile is K-major (a row holds k) or MN-major (a row holds m or n), in 64-column panels of
@@ -464,37 +476,38 @@ class Kernel:
     ax_nl, ax_mh, ax_k = self.first_upcast, self.first_upcast + 1, self.first_upcast + 2
     sa, sb = (self.sts[self.accesses.index(x)].real_strides() for x in (tc.a, tc.b))
     _check(ax_w >= self.global_dims and fs[ax_w] == 4 and sa[ax_w] != 0 and sb[ax_w] == 0,
-           "STAGE 1: wgmma needs the first LOCAL after TC to put 4 warps along M (the warpgroup)")
+           f"{opt}: wgmma needs the first LOCAL after TC to put 4 warps along M (the warpgroup)")
     plans = {self.accesses[p.access]: p for p in staged}
-    _check(set(plans) == {tc.a, tc.b}, "STAGE 1: wgmma needs both tensor-core operands staged")
+    _check(set(plans) == {tc.a, tc.b}, f"{opt}: wgmma needs both tensor-core operands staged")
     _check(all(x.src[0].dtype.base is tc.dtype_in for x in (tc.a, tc.b)),
-           f"STAGE 1: wgmma reads {tc.dtype_in.name} tiles; an operand is cast from another dtype in the kernel")
+           f"{opt}: wgmma reads {tc.dtype_in.name} tiles; an operand is cast from another dtype in the kernel")
     b_stride = dict(zip(plans[tc.b].axes, plans[tc.b].strides))
     n_axes = sorted((ax for ax in self.upcasted_axes()[3:] if sb[ax] != 0 and sa[ax] == 0),
                     key=lambda ax: b_stride.get(ax, 0))
     n = 8 * int(prod(fs[ax] for ax in n_axes))
-    _check(n <= 256, f"STAGE 1: a wgmma covers at most 256 columns of N, not {n}")
+    _check(n <= 256, f"{opt}: a wgmma covers at most 256 columns of N, not {n}")
     def operand(p: StagedLoad, mn: list[tuple[int, int]], extent: int, name: str) -> tuple[bool, int]:
       """(MN-major, leading byte offset in elements) of one operand, whose `mn` axes must sit at the given
       positions of the instruction's M or N."""
       stride, cols = dict(zip(p.axes, p.strides)), p.run
       rows = p.elements // cols
-      _check(cols % PANEL == 0 and rows % 8 == 0, f"STAGE 1: {name}'s tile of {rows} x {cols} is not made of 64-column "
+      _check(cols % PANEL == 0 and rows % 8 == 0, f"{opt}: {name}'s tile of {rows} x {cols} is not made of 64-column "
                                                    f"panels of 8-row groups")
       def place(ax: int) -> tuple[bool, int]:   # (along a row, by how much) or (down the rows, by how many)
         s = stride.get(ax, 0)
         return (True, s) if s < cols else (False, s // cols)
       along_k, step = place(ax_k)
-      _check(step == 1, f"STAGE 1: {name}'s tile does not hold the 16 k of a wgmma side by side or row by row")
+      _check(step == 1, f"{opt}: {name}'s tile does not hold the 16 k of a wgmma side by side or row by row")
       trans = not along_k
-      _check(all(place(ax) == (trans, unit) for ax, unit in mn), f"STAGE 1: {name}'s tile does not hold the wgmma's "
-                                                                  f"{'M' if name == 'A' else 'N'} in order")
-      _check(not trans or extent <= PANEL or extent % PANEL == 0, f"STAGE 1: {name} spans part of a panel")
+      _check(all(place(ax) == (trans, unit) for ax, unit in mn),
+             f"{opt}: {name}'s tile does not hold the wgmma's {'M' if name == 'A' else 'N'} in order (a LOCAL or "
+             f"UPCAST between its parts: UPCAST the N tiles before any LOCAL along N)")
+      _check(not trans or extent <= PANEL or extent % PANEL == 0, f"{opt}: {name} spans part of a panel")
       for ax in stride:
         if ax == ax_k or ax in dict(mn): continue
         col, amount = place(ax)
         _check(amount % ((PANEL if trans else 16) if col else 8) == 0,
-               f"STAGE 1: axis {ax} moves {name}'s wgmma origin off a panel or an 8-row group")
+               f"{opt}: axis {ax} moves {name}'s wgmma origin off a panel or an 8-row group")
       return trans, rows * PANEL if trans else 8
     trans_a, lbo_a = operand(plans[tc.a], [(ax_w, 16), (ax_mh, 8), (ax_g, 1)], WG_M, "A")
     mn_b, unit = [(ax_nl, 1), (ax_t, 2)], 8

@@ -475,9 +475,7 @@ class Lowerer:
     base = [zero if i is None or (k.global_dims <= ax < k.first_reduce) else i for ax, i in enumerate(idxs)]
     step = zero
     for ax in loops: step = step * fs[ax] + idxs[ax]
-    total, stages = int(prod(fs[ax] for ax in loops)), k.stages
-    # tiles copied ahead of the one being read: all but one slot of the ring, less the slots of batches in flight
-    ahead = stages - 1 - (k.wgmma.arg.in_flight if k.wgmma is not None else 0)
+    total, stages, ahead = int(prod(fs[ax] for ax in loops)), k.stages, k.copy_ahead
     def at(flat: UOp) -> list[UOp]:   # the indices of the tile of iteration `flat` (past the end: wraps around)
       out, rest = list(base), flat % total
       for ax in reversed(loops):
@@ -516,8 +514,7 @@ class Lowerer:
     reads = [u for u in UOp(Ops.SINK, dtypes.void, tuple(results)).toposort()
              if (u.op is Ops.LOAD and u.src[0] in bufs) or (u.op is Ops.WMMA and isinstance(u.arg, WGMMAArg))]
     # arg: how many iterations' copies may still be in flight after it (the tile read next must have landed)
-    ahead = self.k.stages - 1 - (self.k.wgmma.arg.in_flight if self.k.wgmma is not None else 0)
-    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), ahead - 1)
+    return UOp(Ops.BARRIER, dtypes.void, tuple(self.pipeline) + tuple(dict.fromkeys(reads)), self.k.copy_ahead - 1)
 
   def copy_tile(self, plan: StagedLoad, st, src: UOp, buf: UOp, base: list[UOp], tid: UOp, threads: int,
                 offset: UOp | None) -> list[UOp]:

@@ -67,7 +67,7 @@ def match_matmul(reduceop: UOp | None) -> tuple[UOp, UOp, DType] | None:
 
 
 # ***** wgmma: m64nNk16 by a warpgroup of 4 warps, operands read from shared memory (sm_90a) *****
-WGMMA = "m64nNk16"     # the name a renderer lists in `tensor_cores` when its device has wgmma
+WGMMA = WGMMAArg.NAME  # the name a renderer lists in `tensor_cores` when its device has wgmma
 WG_M = 64              # rows of one wgmma: warp w of the warpgroup holds rows 16 w .. 16 w + 15
 PANEL = 64             # 16-bit elements in one 128-byte row of a swizzled tile
 SBO = WGMMAArg.SBO     # elements between the 8-row groups of a swizzled tile (1024 bytes)

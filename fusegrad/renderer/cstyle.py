@@ -447,7 +447,7 @@ class CUDARenderer(CStyleRenderer):
                      vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
                      local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=shared_per_block(arch), arch=arch,
                      tensor_cores=(("m16n8k16",) if arch_number(arch) >= 80 else ()) +
-                                  (("m64nNk16",) if arch_number(arch) == 90 else ()))   # wgmma: sm_90a only
+                                  ((WGMMAArg.NAME,) if arch_number(arch) == 90 else ()))   # wgmma: sm_90a only
 
   def prelude(self, uops: list[UOp]) -> str:
     total = self.shared_bytes(uops)[-1][1]
@@ -462,11 +462,12 @@ class CUDARenderer(CStyleRenderer):
     # a barrier after asynchronous copies first waits for this thread's copies to land (all but the `arg` newest
     # groups: one group per iteration of a pipelined STAGE loop); where wgmma reads the tiles next, a proxy fence
     # makes the copied data visible to the tensor cores' (async) reads
+    fence = " fence.proxy.async.shared::cta;" if state.get("wgmma_kernel") and \
+        any(s.op is Ops.STORE and s.src[0].op is Ops.DEFINE_LOCAL for s in u.src) else ""
     if any(self.async_copy(s) for s in u.src):
       wait = f"cp.async.commit_group; cp.async.wait_group {u.arg};" if u.arg else "cp.async.wait_all;"
-      fence = " fence.proxy.async.shared::cta;" if state.get("wgmma_kernel") else ""
       return f'asm volatile("{wait}{fence}" ::: "memory"); __syncthreads();'
-    return "__syncthreads();"
+    return f'asm volatile("{fence[1:]}" ::: "memory"); __syncthreads();' if fence else "__syncthreads();"
 
   def async_copy(self, u: UOp) -> bool:
     """A STORE into shared memory of a plain 4-, 8- or 16-byte load of a global buffer (the copies of STAGE), done
@@ -483,14 +484,15 @@ class CUDARenderer(CStyleRenderer):
     accs = {s for w in wgmmas for s in w.src[4:4 + w.arg.n // 2]}   # the accumulators: their values and updates
     for u in uops:
       if (u.op is Ops.GEP and _is_wgmma(u.src[0])) or (u.op is Ops.PHI and u.src[0] in accs): accs.add(u)
-    return {"wgmma_kernel": bool(wgmmas), "accs": accs, "open": False, "pending": False,
+    return {"wgmma_kernel": bool(wgmmas), "accs": accs, "open": False, "pending": False, "loops": 0,
             "in_flight": max((w.arg.in_flight for w in wgmmas), default=0)}
 
   def before(self, u: UOp, state: dict) -> list[str]:
     """wgmma runs asynchronously: a fence before the first of a batch (the accumulators were last written by other
     instructions), a commit after it, and waits: at the barrier that ends an iteration (after it other threads
-    refill tiles) for all but `in_flight` batches, for all right after the loop that leaves batches running (ptxas
-    serializes the wgmmas when the wait comes later), and before anything else reads the accumulators."""
+    refill tiles) for all but `in_flight` batches, for all right after the reduce loops that leave batches running
+    (the outermost: one ring runs through all of them; ptxas serializes the wgmmas when the wait comes later), and
+    before anything else reads the accumulators."""
     WAIT = 'asm volatile("{}wgmma.wait_group.sync.aligned {};" ::: "memory");'
     if state.get("drain"):   # the statement after the END of the loop
       state["drain"] = state["pending"] = False
@@ -499,10 +501,14 @@ class CUDARenderer(CStyleRenderer):
       if state["open"]: return []
       state["open"] = True
       return ['asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
-    if u.op is Ops.END and state.get("pending"): state["drain"] = True
+    if u.op is Ops.LOOP: state["loops"] = state.get("loops", 0) + 1
+    if u.op is Ops.END and u.src[0].op is Ops.LOOP:
+      state["loops"] = state.get("loops", 0) - 1
+      if state.get("pending") and state["loops"] == 0: state["drain"] = True
     if not (state.get("open") or state.get("pending")): return []
     if u.op is Ops.BARRIER: left = state["in_flight"]
-    elif (u.op is not Ops.PHI and any(s in state["accs"] for s in u.src)) or u.op in (Ops.LOOP, Ops.IF) or \
+    elif (u.op is not Ops.PHI and any(s in state["accs"] for s in u.src)) or u.op is Ops.IF or \
+        (u.op is Ops.LOOP and not state["pending"]) or \
         (u.op is Ops.STORE and not self.async_copy(u)): left = 0
     else: return []
     commit = "wgmma.commit_group.sync.aligned; " if state["open"] else ""

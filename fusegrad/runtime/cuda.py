@@ -126,7 +126,7 @@ class NVRTCCompiler(Compiler):
   def compile(self, src: str) -> bytes:
     prog = check(nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
     # wgmma exists only on sm_90a: the arch-specific target (its cubin runs on compute capability 9.0 exactly)
-    arch = self.arch + "a" if "wgmma." in src and self.arch == "sm_90" else self.arch
+    arch = self.arch + "a" if "wgmma.mma_async" in src and self.arch == "sm_90" else self.arch
     opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17"]
     result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if int(result[0]) != 0:

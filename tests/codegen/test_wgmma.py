@@ -148,6 +148,16 @@ def test_wgmma_errors(why, opts, match):
   assert k.wgmma is None
 
 
+def test_tc_accumulators_fit_the_registers():
+  """An mma.sync kernel with 512 accumulators a thread (32 x 4 N x M tiles of 4) is refused; wgmma's 128 pass."""
+  k = matmul_kernel(((512, 512), (512, 512)))
+  with pytest.raises(KernelOptError, match="more than 256 accumulators a thread"):
+    for o in [T, U(1, 32), U(0, 4)]: k.apply_opt(o)
+  k = matmul_kernel(((512, 512), (512, 512)))
+  for o in [T, L(0, 4), L(0, 2), U(1, 32), R(0, 4), S(2)]: k.apply_opt(o)
+  assert k.accumulator_count() == 128
+
+
 def test_wgmma_needs_sm90():
   k = matmul_kernel(arch="sm_80")
   for o in ONE_WG: k.apply_opt(o)
@@ -222,6 +232,48 @@ def test_wgmma_cuda_batch_in_flight(nvrtc_sm90):
   assert "Used" in log and "C7514" not in log and "serialized" not in log, log
 
 
+UNALIGNED = (lambda a, b: a[:, :128] @ b[:, :128], [(128, 129), (128, 129)])   # rows at odd offsets: no cp.async
+
+
+@pytest.mark.parametrize("stage", [S(2), Opt(OptOps.STAGE, 2, 3)], ids=["STAGE1", "STAGE2"])
+def test_wgmma_plain_copies_are_fenced(nvrtc_sm90, stage):
+  """Tiles copied by plain loads and stores (rows at odd offsets of the buffer): each barrier after the copies still
+  makes them visible to the tensor cores (fence.proxy.async), and the results are right on the emulator."""
+  build, shapes = UNALIGNED
+  k = matmul_kernel(shapes, build=build)
+  for o in [T, L(0, 4), U(1, 8), R(0, 4), stage]: k.apply_opt(o)
+  src = render(k)
+  assert "cp.async" not in src.split("__global__")[1]
+  head, _, body = src.partition("for (")
+  fenced = 'asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); __syncthreads();'
+  assert fenced in head and fenced in body and "  __syncthreads();" not in src
+  nvrtc_sm90.compile(src)
+  arrays = randn(shapes, seed=10)
+  _, got = run_python(build, arrays, dtypes.float16, [T, L(0, 4), U(1, 8), R(0, 4), stage])
+  check_close(got, build(*[round_to(a, dtypes.float16) for a in arrays]), dtypes.float16)
+
+
+# two reduce loops (3 x K): one ring runs through both, so batches stay in flight across the outer loop too
+TWO_LOOPS = (lambda a, b: (a.reshape(128, 3, 128, 1) * b.permute(1, 0, 2).reshape(1, 3, 128, 128)).sum((1, 2)),
+             [(128, 3, 128), (128, 3, 128)])
+EINSUM = "mjk,kjn->mn"
+
+
+def test_wgmma_two_reduce_loops(nvrtc_sm90):
+  build, shapes = TWO_LOOPS
+  opts = [T, L(0, 4), U(1, 8), R(1, 4), Opt(OptOps.STAGE, 2, 3)]
+  k = matmul_kernel(shapes, build=build)
+  for o in opts: k.apply_opt(o)
+  src = render(k).split("__global__")[1]
+  assert src.count("for (") == 2 and src.count("wgmma.wait_group.sync.aligned 0;") == 1
+  assert src.index("wgmma.wait_group.sync.aligned 0;") > src.rindex("  }\n  }")   # after the outer loop, not inside
+  assert "serialized" not in ptxas_log(render(k))
+  a, b = randn(shapes, seed=11)
+  _, got = run_python(build, [a, b], dtypes.float16, opts)
+  ref = np.einsum(EINSUM, round_to(a, dtypes.float16), round_to(b, dtypes.float16))
+  check_close(got, ref, dtypes.float16)
+
+
 def test_wgmma_cuda_single_tile(nvrtc_sm90):
   """No reduce loop: one batch, then commit/wait before the epilogue reads the accumulators."""
   k = matmul_kernel(((128, 64), (64, 128)))
@@ -264,6 +316,25 @@ def test_wgmma_layouts_on_the_gpu(dtype, layout):
   k, got = run_python(build, arrays, dtype, [T, L(0, 4), L(0, 2), U(1, 16), R(0, 4), S(3)], device="CUDA")
   assert k.wgmma is not None
   check_close(got, build(*[round_to(a, dtype) for a in arrays]), dtype)
+
+
+@gpu
+@pytest.mark.parametrize("stage", [S(2), Opt(OptOps.STAGE, 2, 3)], ids=["STAGE1", "STAGE2"])
+def test_wgmma_plain_copies_on_the_gpu(stage):
+  build, shapes = UNALIGNED
+  arrays = randn(shapes, seed=12)
+  _, got = run_python(build, arrays, dtypes.float16, [T, L(0, 4), U(1, 8), R(0, 4), stage], device="CUDA")
+  check_close(got, build(*[round_to(a, dtypes.float16) for a in arrays]), dtypes.float16)
+
+
+@gpu
+def test_wgmma_two_reduce_loops_on_the_gpu():
+  build, shapes = TWO_LOOPS
+  a, b = randn(shapes, seed=13)
+  _, got = run_python(build, [a, b], dtypes.float16, [T, L(0, 4), U(1, 8), R(1, 4), Opt(OptOps.STAGE, 2, 3)],
+                      device="CUDA")
+  ref = np.einsum(EINSUM, round_to(a, dtypes.float16), round_to(b, dtypes.float16))
+  check_close(got, ref, dtypes.float16)
 
 
 @gpu
