@@ -28,6 +28,12 @@ def test_transpose_gets_a_register_tile(renderer, dtype, run):
   assert opts[1] == Opt(OptOps.UPCAST, 1, 4), opts      # the output's contiguous axis
 
 
+def test_transpose_blocks_read_whole_lines_on_gpus():
+  """32 threads along the output's contiguous axis, 4 along the input's: 4 x 32 bytes of each input row a block."""
+  opts = heuristic_opts((1024, 2048), (1, 0), dtypes.float32, CUDARenderer("sm_90"))
+  assert opts[2:] == [Opt(OptOps.LOCAL, 1, 32), Opt(OptOps.LOCAL, 0, 4)], opts
+
+
 def test_copies_that_do_not_transpose_keep_their_opts():
   assert all(o.op is not OptOps.UPCAST or o.amount == 4 for o in heuristic_opts((64, 128, 12, 64), (0, 2, 1, 3)))
   x = Tensor.empty(256, 512, device="CPU")
