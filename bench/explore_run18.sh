@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run 18 (device machine, repo root): transposing copies with the register-tile heuristic, and their tests.
+# GPU runs 18-19 (device machine, repo root): transposing copies with the register-tile heuristic, and their tests.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 CACHE_DIR=/tmp/fgcache
 E="python3 -m bench.explore --device CUDA --runs 20"
 U="Opt(OptOps.UPCAST"; L="Opt(OptOps.LOCAL"
