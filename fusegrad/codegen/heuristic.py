@@ -1,10 +1,11 @@
 """Hand-coded optimizations: good default Opts for a kernel without any search.
 
-The rules, in order: matmul-shaped fp16/bf16 reduces go to tensor cores (with register tiling); split a big
-reduce across a thread block when the output is small or the reduce axis is contiguous (GROUP, devices with
-thread blocks); upcast axes that some input broadcasts (stride 0: the register tiling of matmul and conv); unroll a
-short or divisible reduce; upcast the output's unit-stride axis by 4 so loads and stores become float4; and on
-devices with thread blocks, give each block up to 256 threads along the global axes.
+The rules, in order: matmul-shaped fp16/bf16 reduces go to tensor cores (with register tiling; wgmma on sm_90);
+split a big reduce across a thread block when the output is small or the reduce axis is contiguous (GROUP, devices
+with thread blocks); upcast axes that some input broadcasts (stride 0: the register tiling of matmul and conv);
+unroll a short or divisible reduce; in a copy that transposes, upcast the input's unit-stride axis by a 32-byte run;
+upcast the output's unit-stride axis by 4 so loads and stores become float4; and on devices with thread blocks, give
+each block up to 256 threads along the global axes (a transposing copy: 32 x 4 threads along the two axes).
 """
 from __future__ import annotations
 from fusegrad.helpers import prod
