@@ -444,7 +444,8 @@ class CUDARenderer(CStyleRenderer):
 
   def __init__(self, arch: str = "sm_90"):
     super().__init__(device="CUDA", has_local=True, has_shared=True, supports_float4=True,
-                     vector_dtypes=frozenset({dtypes.float32}), global_max=(2**31 - 1, 65535, 65535),
+                     vector_dtypes=frozenset({dtypes.float32, dtypes.float16, dtypes.bfloat16}),
+                     global_max=(2**31 - 1, 65535, 65535),
                      local_max=(1024, 1024, 64), local_max_threads=1024, shared_max=shared_per_block(arch), arch=arch,
                      tensor_cores=(("m16n8k16",) if arch_number(arch) >= 80 else ()) +
                                   ((WGMMAArg.NAME,) if arch_number(arch) == 90 else ()))   # wgmma: sm_90a only
@@ -581,11 +582,20 @@ class CUDARenderer(CStyleRenderer):
 
   def value(self, u: UOp, r) -> tuple[str, str]:
     if u.op is Ops.VECTORIZE and u.dtype.scalar is not dtypes.float32:
-      # a raw vector is built only of zeros (a copied vector that lies wholly in padding): zero words
-      if not all(s.op is Ops.CONST and s.arg == 0 for s in u.src):
-        raise NotImplementedError(f"CUDA renderer: a {u.dtype.name} vector built from values (only raw copies)")
       words = u.dtype.itemsize // 4
-      return "vec", "0u" if words == 1 else f"make_uint{words}({', '.join(['0u'] * words)})"
+      if all(s.op is Ops.CONST and s.arg == 0 for s in u.src):   # zero words (padding, a gated load's fallback)
+        return "vec", "0u" if words == 1 else f"make_uint{words}({', '.join(['0u'] * words)})"
+      soft = self.soft16(u.dtype.scalar)
+      if soft is None or u.dtype.count % 2:
+        raise NotImplementedError(f"CUDA renderer: a {u.dtype.name} vector built from values")
+      # 16-bit values live in float registers: pack them two to a word, rounding as a scalar store would
+      packed = [f"fg_pack_{soft}({r(u.src[2 * i])}, {r(u.src[2 * i + 1])})" for i in range(words)]
+      return "vec", packed[0] if words == 1 else f"make_uint{words}({', '.join(packed)})"
+    if u.op is Ops.GEP and (soft := self.soft16(u.src[0].dtype.scalar)) is not None and u.src[0].dtype.count > 1:
+      # a lane of a raw 16-bit vector: its half of a word, widened into a float register
+      words = u.src[0].dtype.itemsize // 4
+      word = r(u.src[0]) if words == 1 else self.gep(r(u.src[0]), u.arg // 2)
+      return "g", f"fg_{soft}_load((unsigned short)({word} >> {16 * (u.arg % 2)}))"
     return super().value(u, r)
 
   def gep(self, vec: str, lane: int) -> str: return f"{vec}.{_CUDA_VECTOR_FIELDS[lane]}"

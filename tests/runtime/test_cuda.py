@@ -44,6 +44,17 @@ def test_half_matmul_uses_tensor_cores(dtype):
   assert "mma.sync.aligned.m16n8k16" in src
 
 
+@pytest.mark.parametrize("dtype,kind", [(dtypes.float16, "f16"), (dtypes.bfloat16, "bf16")])
+def test_16_bit_elementwise_moves_vectors(dtype, kind):
+  """16-bit buffers are read and written 4 values (8 bytes) at a time: raw words, widened lane by lane into float
+  registers (fg_f16_load of each half) and packed back two to a word (fg_pack_f16) for the store."""
+  a, b = cpu(1 << 12, dtype=dtype), cpu(1 << 12, dtype=dtype)
+  (src,) = cuda_sources((a * b + a).relu())
+  body = src.split("__global__")[1]
+  assert "uint2 val0 = (*((uint2*)(data1+" in body and f"fg_{kind}_load((unsigned short)(val0.y >> 16))" in body
+  assert f"make_uint2(fg_pack_{kind}(" in body and "*((uint2*)(data0+" in body
+
+
 def test_corpus_compiles():
   x, w = cpu(2, 8, 12, 12), cpu(16, 8, 3, 3)
   for t in [cpu(64, 64) @ cpu(64, 64), x.conv2d(w, padding=1), cpu(32, 48).softmax(), cpu(16, 16).max(axis=0),
