@@ -908,38 +908,49 @@ _NO_ACC = frozenset({Ops.LOAD, Ops.CONST, Ops.SPECIAL, Ops.LOOP, Ops.DEFINE_GLOB
                      Ops.BARRIER})
 
 
-def _depending(root: UOp, acc: UOp, order: dict[UOp, int]) -> list[UOp]:
-  """The nodes under `root` (itself included) that depend on `acc`, sources first. Index arithmetic and memory
-  accesses are not searched: an update's chain runs through the combining ALUs (and WMMAs, GEPs, casts) only; nor
-  is anything before `acc` in the topological `order` (a wgmma's chain of batches would be walked for each of its
-  accumulators)."""
-  memo: dict[UOp, bool] = {acc: True}
+def _accumulator_masks(nodes: list[UOp], accs: dict[UOp, int]) -> dict[UOp, int]:
+  """For each node (in topological order), a bit mask of the accumulators (`accs`: node -> bit) it depends on. Index
+  arithmetic and memory accesses carry none: an update's chain runs through the combining ALUs (and WMMAs, GEPs,
+  casts) only."""
+  masks: dict[UOp, int] = {}
+  for n in nodes:
+    m = 1 << accs[n] if n in accs else 0
+    if n.op not in _NO_ACC and n.dtype is not dtypes.index:
+      for s in n.src: m |= masks[s]
+    masks[n] = m
+  return masks
+
+
+def _depending(root: UOp, acc: UOp, bit: int, masks: dict[UOp, int]) -> list[UOp]:
+  """The nodes under `root` (itself included) that depend on `acc` (bit `bit` of their mask), sources first; the
+  walk never leaves the nodes that do (a wgmma's batch has 128 accumulators and would be walked for each)."""
+  flag = 1 << bit
+  seen: set[UOp] = {acc}
   out: list[UOp] = []
   stack = [(root, False)]
-  first = order[acc]
   while stack:
     n, expanded = stack.pop()
-    if n in memo: continue
-    if n.op in _NO_ACC or n.dtype is dtypes.index or order[n] < first:
-      memo[n] = False
+    if expanded:
+      out.append(n)
       continue
-    if not expanded:
-      stack.append((n, True))
-      stack.extend((x, False) for x in n.src if x not in memo)
-      continue
-    memo[n] = any(memo.get(x, False) for x in n.src)
-    if memo[n]: out.append(n)
+    if n in seen or not masks[n] & flag: continue
+    seen.add(n)
+    stack.append((n, True))
+    stack.extend((x, False) for x in n.src if x not in seen)
   return out
 
 
-def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict, order: dict[UOp, int]) -> None:
+def _keep_updates_in_loops(nodes: list[UOp], place: dict, seen_as: dict) -> None:
   """An accumulator update runs once per iteration of the loops its PHI names, even when the value it adds does not
   depend on them (sum over r of x is R*x): move the PHI, and every node between the accumulator and it, into them."""
-  for p in nodes:
-    if p.op is not Ops.PHI or len(p.src) <= 2: continue
+  updates = [p for p in nodes if p.op is Ops.PHI and len(p.src) > 2]
+  accs: dict[UOp, int] = {}
+  for p in updates: accs.setdefault(p.src[0], len(accs))
+  masks = _accumulator_masks(nodes, accs) if updates else {}
+  for p in updates:
     target = _merge_chains([place[p]] + [seen_as[lp] for lp in p.src[2:]], p)
     # the chain: nodes under the update that depend on the previous accumulator value (sources first)
-    chain = _depending(p.src[1], p.src[0], order)
+    chain = _depending(p.src[1], p.src[0], accs[p.src[0]], masks)
     for m in chain + [p]:
       place[m] = _merge_chains([place[m], target], m)
       if m is not p: seen_as[m] = place[m]
@@ -959,7 +970,7 @@ def linearize_graph(sink: UOp) -> list[UOp]:
     if n.op in (Ops.LOOP, Ops.IF): seen_as[n] = chain + (n,)
     elif n.op is Ops.PHI: seen_as[n] = seen_as[n.src[0]]
     else: seen_as[n] = chain
-  _keep_updates_in_loops(nodes, place, seen_as, order)
+  _keep_updates_in_loops(nodes, place, seen_as)
   children: dict[UOp | None, list[UOp]] = {}
   for n in nodes:
     if n is sink: continue
