@@ -542,8 +542,8 @@ class Lowerer:
         for ax in run: idx[ax] = zero
         start, valid = st.expr_idxs([simplify(x) for x in idx])
         first = (simplify(start + along), valid)
-        if w > 1 and not (valid.op is Ops.CONST and self.can_vectorize([(first[0] + i, valid) for i in range(w)], w)):
-          break
+        # the w lanes are consecutive by construction: a vector needs an ungated, aligned first lane
+        if w > 1 and not (valid.op is Ops.CONST and self.is_const(first[0] % w, 0)): break
         smem = sum((c * plan.strides[plan.axes.index(ax)] for ax, c in zip(reversed(lead), coords)), along)
         if plan.swizzled:   # (row, column) of the plain matrix -> its place in the panels, swizzled
           smem = swizzle(panel_offset(smem // plan.run, along, plan.elements // plan.run))
