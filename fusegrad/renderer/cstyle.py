@@ -583,7 +583,8 @@ class CUDARenderer(CStyleRenderer):
   def value(self, u: UOp, r) -> tuple[str, str]:
     if u.op is Ops.VECTORIZE and u.dtype.scalar is not dtypes.float32:
       words = u.dtype.itemsize // 4
-      if all(s.op is Ops.CONST and s.arg == 0 for s in u.src):   # zero words (padding, a gated load's fallback)
+      # zero words (padding, a gated load's fallback); -0.0 keeps its sign bit through the packing below
+      if all(s.op is Ops.CONST and s.arg == 0 and math.copysign(1.0, s.arg) > 0 for s in u.src):
         return "vec", "0u" if words == 1 else f"make_uint{words}({', '.join(['0u'] * words)})"
       soft = self.soft16(u.dtype.scalar)
       if soft is None or u.dtype.count % 2:

@@ -55,6 +55,15 @@ def test_16_bit_elementwise_moves_vectors(dtype, kind):
   assert f"make_uint2(fg_pack_{kind}(" in body and "*((uint2*)(data0+" in body
 
 
+@pytest.mark.parametrize("dtype,kind", [(dtypes.float16, "f16"), (dtypes.bfloat16, "bf16")])
+def test_16_bit_negative_zero_keeps_its_sign(dtype, kind):
+  """A vector of -0.0 constants is packed (fg_pack_*), not stored as zero words, which would lose the sign bit
+  (1/x would then give +inf). Found in review."""
+  (src,) = cuda_sources(Tensor.full((8, 16), -0.0, device="CPU", dtype=dtype).contiguous())
+  body = src.split("__global__")[1]
+  assert f"fg_pack_{kind}(" in body and "-0.0f" in body and "make_uint2(0u" not in body
+
+
 def test_corpus_compiles():
   x, w = cpu(2, 8, 12, 12), cpu(16, 8, 3, 3)
   for t in [cpu(64, 64) @ cpu(64, 64), x.conv2d(w, padding=1), cpu(32, 48).softmax(), cpu(16, 16).max(axis=0),
