@@ -37,7 +37,13 @@ def cmd_doctor(args) -> int:
     from_nvrtc = importlib.import_module("cuda.bindings.nvrtc")
     err, major, minor = from_nvrtc.nvrtcVersion()
     print(f"NVRTC      {major}.{minor}" if int(err) == 0 else "NVRTC      not loadable: pip install nvidia-cuda-nvrtc")
-    print(f"CUDA GPU   {'usable' if cuda_usable() else 'none found (CUDA kernels can still be compiled)'}")
+    if cuda_usable():
+      renderer = Device["CUDA"].renderer
+      cores = {"m16n8k16": "mma.sync m16n8k16", "m64nNk16": "wgmma m64nNk16"}
+      tcs = " + ".join(cores.get(t, t) for t in renderer.tensor_cores) or "none"
+      print(f"CUDA GPU   usable: {renderer.arch}, tensor cores {tcs}")
+    else:
+      print("CUDA GPU   none found (CUDA kernels can still be compiled, for sm_90)")
   except (ImportError, RuntimeError, OSError):
     print("CUDA       cuda-bindings not installed: pip install 'fusegrad[cuda]' for the CUDA device")
   print(f"default    {Device.DEFAULT} (set DEV=CPU|CUDA|PYTHON to choose)")

@@ -4,6 +4,9 @@ import subprocess
 import sys
 import pytest
 
+import fusegrad.__main__ as fusegrad_main
+from fusegrad.device import Device
+
 
 def cli(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", "fusegrad", *args], capture_output=True, text=True, timeout=300)
@@ -19,6 +22,18 @@ def test_doctor_reports_the_machine():
   out = cli("doctor")
   assert "python" in out.stdout and "numpy" in out.stdout and "C compiler" in out.stdout
   assert "default" in out.stdout
+
+
+def test_doctor_names_the_gpus_tensor_cores(monkeypatch, capsys):
+  """With a GPU, doctor names its compute capability and the tensor-core instructions fusegrad will use (an H200:
+  sm_90, mma.sync and wgmma). Without one here, the check pretends a GPU is usable; the CUDA device still renders."""
+  pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (the 'cuda' extra) is not installed")
+  monkeypatch.setattr(fusegrad_main, "cuda_usable", lambda: True)
+  fusegrad_main.cmd_doctor(None)
+  line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("CUDA GPU"))
+  arch = Device["CUDA"].renderer.arch
+  assert f"usable: {arch}" in line and "mma.sync m16n8k16" in line
+  assert ("wgmma m64nNk16" in line) == (arch in ("sm_90", "sm_90a"))
 
 
 
