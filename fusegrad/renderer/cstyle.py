@@ -485,7 +485,7 @@ class CUDARenderer(CStyleRenderer):
     accs = {s for w in wgmmas for s in w.src[4:4 + w.arg.n // 2]}   # the accumulators: their values and updates
     for u in uops:
       if (u.op is Ops.GEP and _is_wgmma(u.src[0])) or (u.op is Ops.PHI and u.src[0] in accs): accs.add(u)
-    return {"wgmma_kernel": bool(wgmmas), "accs": accs, "open": False, "pending": False, "loops": 0,
+    return {"wgmma_kernel": bool(wgmmas), "accs": accs, "open": False, "pending": False, "drain": False, "loops": 0,
             "in_flight": max((w.arg.in_flight for w in wgmmas), default=0)}
 
   def before(self, u: UOp, state: dict) -> list[str]:
@@ -495,18 +495,18 @@ class CUDARenderer(CStyleRenderer):
     (the outermost: one ring runs through all of them; ptxas serializes the wgmmas when the wait comes later), and
     before anything else reads the accumulators."""
     WAIT = 'asm volatile("{}wgmma.wait_group.sync.aligned {};" ::: "memory");'
-    if state.get("drain"):   # the statement after the END of the loop
+    if state["drain"]:   # the statement after the END of the loop
       state["drain"] = state["pending"] = False
       return [WAIT.format("", 0)] + self.before(u, state)
     if _is_wgmma(u):
       if state["open"]: return []
       state["open"] = True
       return ['asm volatile("wgmma.fence.sync.aligned;" ::: "memory");']
-    if u.op is Ops.LOOP: state["loops"] = state.get("loops", 0) + 1
+    if u.op is Ops.LOOP: state["loops"] += 1
     if u.op is Ops.END and u.src[0].op is Ops.LOOP:
-      state["loops"] = state.get("loops", 0) - 1
-      if state.get("pending") and state["loops"] == 0: state["drain"] = True
-    if not (state.get("open") or state.get("pending")): return []
+      state["loops"] -= 1
+      if state["pending"] and state["loops"] == 0: state["drain"] = True
+    if not (state["open"] or state["pending"]): return []
     if u.op is Ops.BARRIER: left = state["in_flight"]
     elif (u.op is not Ops.PHI and any(s in state["accs"] for s in u.src)) or u.op is Ops.IF or \
         (u.op is Ops.LOOP and not state["pending"]) or \
@@ -572,7 +572,8 @@ class CUDARenderer(CStyleRenderer):
 
   def type_name(self, dt: DType) -> str:
     # float32 vectors are float2/float4; vectors of any other dtype only ever move raw bits (the copies into shared
-    # memory, ldmatrix registers): unsigned words of the same size hold them
+    # memory, ldmatrix registers, 16-bit loads and stores, whose lanes value() widens and packs): unsigned words of
+    # the same size hold them
     if dt.count == 1 or dt.scalar is dtypes.float32: return super().type_name(dt)
     if dt.itemsize not in _RAW_VECTORS:
       raise NotImplementedError(f"CUDA renderer: no type moves a {dt.name} ({dt.itemsize} bytes) as raw bits")
