@@ -105,6 +105,11 @@ class _PhiValues(dict):
   def __getitem__(self, pc): return super().__getitem__(self.root.get(pc, pc))
 
 
+def _memory_srcs(prog, src) -> list[int]:
+  """The sources of a memory access or WMMA without the barriers it is ordered after (they hold no value)."""
+  return [s for s in src if prog[s][0] is not Ops.BARRIER]
+
+
 class _Interpreter:
   def __init__(self, program, bufs, vals, gsz, lsz):
     self.prog, self.bufs, self.vals = program, bufs, vals
@@ -176,7 +181,7 @@ class _Interpreter:
       elif op is Ops.BITCAST:
         v[pc] = np.ascontiguousarray(np.broadcast_to(v[src[0]], (self.n,))).view(_np(dt))
       elif op is Ops.WMMA:
-        vals = [v[s] for s in src if prog[s][0] is not Ops.BARRIER]
+        vals = [v[s] for s in _memory_srcs(prog, src)]
         v[pc] = self.wgmma(arg, vals) if isinstance(arg, WGMMAArg) else self.wmma(arg, vals)
       elif op in GroupOp.ALU:
         with np.errstate(all="ignore"): v[pc] = run_alu(op, dt, [v[s] for s in src])
@@ -197,7 +202,7 @@ class _Interpreter:
   def load(self, prog, pc, v, mask) -> np.ndarray:
     op, dt, src, arg = prog[pc]
     if isinstance(arg, MatrixLoad): return self.ldmatrix(prog, pc, v)
-    src = [s for s in src if prog[s][0] is not Ops.BARRIER]
+    src = _memory_srcs(prog, src)
     (kind, handle, base), idx = self._address(prog, v, src)
     valid = mask & (np.broadcast_to(v[src[2]], (self.n,)) if len(src) == 4 else True)
     width = dt.count
@@ -239,7 +244,7 @@ class _Interpreter:
     matrix j (transposed: rows 2 (l % 4) and 2 (l % 4) + 1, column l // 4), whose rows start at the addresses that
     lanes 8 j .. 8 j + 7 supply; two 16-bit values per register, low half first."""
     _, _, src, arg = prog[pc]
-    (_, mem, base), idx = self._address(prog, v, [s for s in src if prog[s][0] is not Ops.BARRIER])
+    (_, mem, base), idx = self._address(prog, v, _memory_srcs(prog, src))
     if (idx % 8 != 0).any():   # the hardware reads 16-byte rows: each row address must be 16-byte aligned
       raise ValueError(f"PYTHON backend: ldmatrix row address {int(idx[idx % 8 != 0][0])} is not 16-byte aligned")
     flat = self.block * self.n_local + self.local
